@@ -1,0 +1,20 @@
+"""Settings of the Dask cluster that runs rollout and training."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from flexmarl.configbase import Strict
+
+
+class ClusterConfig(Strict):
+    address: str | None = None
+    """Scheduler address of an existing Dask cluster (``tcp://host:8786``); null starts a LocalCluster."""
+    n_workers: int = Field(2, ge=1)
+    """Worker processes of the LocalCluster."""
+    threads_per_worker: int = Field(1, ge=1)
+    """Threads per worker; torch also gets this many threads (more than the cores makes timings erratic)."""
+    memory_limit: str = "auto"
+    """Per-worker memory limit of the LocalCluster (Dask syntax, e.g. '6GiB')."""
+    connect_timeout_s: float = Field(60.0, gt=0)
+    """How long to wait for the scheduler and its workers."""

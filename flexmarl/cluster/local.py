@@ -1,0 +1,76 @@
+"""Starting or reaching the Dask cluster, and placing agents on its workers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from distributed import Client, LocalCluster
+
+from flexmarl.cluster.config import ClusterConfig
+
+
+class ClusterError(RuntimeError):
+    """The Dask cluster cannot be started or reached; the message names the address and the fix."""
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for worker processes: one torch thread each, no hub access."""
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.update(extra or {})
+    return env
+
+
+@contextmanager
+def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Yield a scheduler address: ``cfg.address`` after checking that it answers, or a LocalCluster's.
+
+    A LocalCluster started here binds to 127.0.0.1 and is closed on exit.
+    """
+    if cfg.address:
+        with connect(cfg.address, timeout_s=cfg.connect_timeout_s):
+            pass
+        yield cfg.address
+        return
+    try:
+        cluster = LocalCluster(
+            n_workers=cfg.n_workers,
+            threads_per_worker=cfg.threads_per_worker,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            memory_limit=cfg.memory_limit,
+            env=worker_env({**(env or {}), "OMP_NUM_THREADS": str(cfg.threads_per_worker)}),
+        )
+    except Exception as exc:
+        raise ClusterError(f"cannot start a LocalCluster of {cfg.n_workers} workers: {exc}") from exc
+    # the scheduler lives in this process: its per-connection INFO lines would drown the run's progress
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+def connect(address: str, *, timeout_s: float, n_workers: int = 1) -> Client:
+    """A client of the scheduler at ``address`` with at least ``n_workers`` workers."""
+    try:
+        client = Client(address, timeout=f"{timeout_s}s", set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise ClusterError(
+            f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({exc}); "
+            "check cluster.address or start the scheduler"
+        ) from None
+    try:
+        client.wait_for_workers(n_workers, timeout=timeout_s)
+    except TimeoutError:
+        client.close()
+        raise ClusterError(f"the Dask scheduler at {address} has no workers after {timeout_s:.0f}s") from None
+    return client
+
+
+def place(agents: Sequence[str], workers: Sequence[str]) -> dict[str, str]:
+    """Agents round-robin over the workers (sorted, so every process computes the same placement)."""
+    ordered = sorted(workers)
+    return {agent: ordered[i % len(ordered)] for i, agent in enumerate(agents)}

@@ -1,0 +1,152 @@
+"""RunConfig: one validated object holding every setting of a run, and the one place configs are loaded.
+
+A run's settings come from exactly one YAML document (a file, or a named preset shipped in
+``flexmarl/presets/``) plus ``--set dotted.key=value`` overrides. Each field is documented once, under its
+definition, in the component's own config module.
+
+Example:
+    >>> cfg = load_config(preset="tiny", overrides=["train.steps=3"])
+    >>> cfg.train.steps
+    3
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError, model_validator
+
+from flexmarl.cluster.config import ClusterConfig
+from flexmarl.configbase import did_you_mean
+from flexmarl.meg.spec import MEGSpec
+from flexmarl.orchestrator.config import TrainLoopConfig
+from flexmarl.rollout.config import RolloutConfig
+from flexmarl.training.config import TrainerConfig
+from flexmarl.workloads.datasets import DataConfig
+from storage.config import StoreConfig
+
+PRESETS = ("default", "tiny")
+
+
+class ConfigError(ValueError):
+    """An invalid config; the message names the source, each bad field and the fix."""
+
+
+class RunConfig(MEGSpec):
+    """Everything a run needs: the graph of agents (``agents``, ``graph``) and each component's settings."""
+
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    training: TrainerConfig = TrainerConfig()
+    train: TrainLoopConfig = TrainLoopConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    store: StoreConfig = StoreConfig()
+
+    @model_validator(mode="after")
+    def _check_templates(self) -> RunConfig:
+        self.check_templates(self.data.fields())
+        return self
+
+    def samples_per_step(self, agent: str) -> int:
+        """The agent's global batch: one sample per (query, group member, node of the agent)."""
+        return self.train.queries_per_step * self.train.group_size * len(self.nodes_of(agent))
+
+
+def load_config(
+    path: str | Path | None = None, *, preset: str | None = None, overrides: Sequence[str] = ()
+) -> RunConfig:
+    """Load a config file or a preset (exactly one), apply ``dotted.key=value`` overrides, validate.
+
+    Raises:
+        ConfigError: unreadable YAML (with its line), an unknown key (with the nearest valid name), a
+            wrong type or value, or a graph error.
+    """
+    if path is not None and preset is not None:
+        raise ConfigError("give a config file or a preset, not both")
+    if path is None:
+        preset = preset or "default"
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}{did_you_mean(preset, list(PRESETS))}; presets: {PRESETS}")
+        source = f"preset {preset!r}"
+        text = resources.files("flexmarl.presets").joinpath(f"{preset}.yaml").read_text()
+    else:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{source}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of settings, got {type(raw).__name__}")
+    for item in overrides:
+        apply_override(raw, item)
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"  {describe_error(err)}" for err in exc.errors()]
+        raise ConfigError(f"{source} is not a valid FlexMARL config:\n" + "\n".join(lines)) from None
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """Apply ``a.b.c=value`` to a nested dict; the value is parsed as YAML (``3`` is an int)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} must look like dotted.key=value")
+    *parents, leaf = key.strip().split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+        node = child
+    node[leaf] = yaml.safe_load(value)
+
+
+def describe_error(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        parent = field_names(err["loc"][:-1])
+        return f"{loc}: unknown key{did_you_mean(str(err['loc'][-1]), parent)}; valid keys here: {parent}"
+    return f"{loc}: {msg}"
+
+
+def field_names(loc: Sequence[Any]) -> list[str]:
+    """The valid keys of the config section at ``loc`` (for 'did you mean' hints)."""
+    annotation: Any = RunConfig
+    for part in loc:
+        annotation = _strip_optional(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if part not in annotation.model_fields:
+                return []
+            annotation = annotation.model_fields[part].annotation
+        else:  # dict[str, X] or list[X]: step into the value type
+            args = typing.get_args(annotation)
+            annotation = args[-1] if args else None
+    annotation = _strip_optional(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return sorted(annotation.model_fields)
+    return []
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML (what the run actually used)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

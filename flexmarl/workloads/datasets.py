@@ -1,0 +1,118 @@
+"""Workload data: question/answer tasks from a GSM8K-style JSONL file or a reasoning-gym generator.
+
+Tasks are served in a seeded, shuffled order; a step takes the next ``n`` tasks. When the data runs out the
+order is reshuffled and the input ids get an epoch suffix, so every ``input_id`` in a run is unique.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import Field
+
+from flexmarl.configbase import Strict
+
+
+class DataError(ValueError):
+    """Workload data that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    """One task: the fields prompts may read, and the hidden answer rewards compare against."""
+
+    input_id: str
+    fields: dict[str, str]
+    answer: str
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"input_id": self.input_id, "fields": self.fields, "answer": self.answer})
+
+
+class DataConfig(Strict):
+    dataset: str = "gsm_symbolic"
+    """reasoning-gym dataset generating the tasks (ignored when ``path`` is set)."""
+    dataset_args: dict[str, int | float | str] = {}
+    """Extra arguments for the reasoning-gym dataset (e.g. ``max_terms`` for ``basic_arithmetic``)."""
+    path: Path | None = None
+    """GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### <number>``); overrides ``dataset``."""
+    size: int = Field(512, ge=1)
+    """Tasks to generate from reasoning-gym, or the most to read from ``path``."""
+    seed: int = 0
+    """Seed of the generator and of the task order."""
+
+    def fields(self) -> set[str]:
+        """Task fields that prompts may read."""
+        return {"question"}
+
+
+GSM8K_ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
+
+
+def load_tasks(cfg: DataConfig) -> list[TaskItem]:
+    if cfg.path is not None:
+        return _load_jsonl(cfg.path, cfg.size)
+    return _generate(cfg)
+
+
+def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist; give a GSM8K-style JSONL file as workload.data.path")
+    tasks: list[TaskItem] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                question, answer = row["question"], row["answer"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataError(
+                    f"{path}:{lineno}: not a JSON object with 'question' and 'answer' ({exc})"
+                ) from None
+            match = GSM8K_ANSWER.search(answer.strip())
+            final = match.group(1).replace(",", "") if match else answer.strip()
+            tasks.append(TaskItem(f"{path.stem}-{lineno - 1:06d}", {"question": question}, final))
+            if len(tasks) >= limit:
+                break
+    if not tasks:
+        raise DataError(f"data file {path} holds no tasks")
+    return tasks
+
+
+def _generate(cfg: DataConfig) -> list[TaskItem]:
+    import reasoning_gym  # imported here: it is slow to import and only this path needs it
+
+    try:
+        ds = reasoning_gym.create_dataset(cfg.dataset, size=cfg.size, seed=cfg.seed, **cfg.dataset_args)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DataError(f"cannot create reasoning-gym dataset {cfg.dataset!r} with {cfg.dataset_args}: {exc}") from exc
+    return [
+        TaskItem(f"{cfg.dataset}-{i:06d}", {"question": item["question"]}, str(item["answer"]))
+        for i, item in enumerate(ds)
+    ]
+
+
+class TaskStream:
+    """Deterministic batches of tasks: ``batch(step, n)`` is the same on every call and every run."""
+
+    def __init__(self, tasks: list[TaskItem], *, seed: int) -> None:
+        self.tasks = tasks
+        self.seed = seed
+
+    def batch(self, step: int, n: int) -> list[TaskItem]:
+        out = []
+        for k in range(step * n, (step + 1) * n):
+            epoch, i = divmod(k, len(self.tasks))
+            order = list(range(len(self.tasks)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            task = self.tasks[order[i]]
+            if epoch:
+                task = TaskItem(f"{task.input_id}-e{epoch}", task.fields, task.answer, task.meta)
+            out.append(task)
+        return out

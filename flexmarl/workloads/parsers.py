@@ -1,0 +1,35 @@
+"""Output parsers: agent response text -> a value a reward can check, or ``None`` when it does not parse."""
+
+from __future__ import annotations
+
+import re
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+VERDICT = re.compile(r"\b(yes|no|correct|incorrect|wrong|right|true|false|1|0)\b", re.IGNORECASE)
+POSITIVE = {"yes", "correct", "right", "true", "1"}
+
+
+def last_number(text: str) -> str | None:
+    """The last number in the text, without thousands separators (``"... = 1,234."`` -> ``"1234"``)."""
+    found = NUMBER.findall(text)
+    if not found:
+        return None
+    value = found[-1].replace(",", "")
+    return canonical_number(value)
+
+
+def canonical_number(value: str) -> str | None:
+    """``"5.0"`` -> ``"5"``, ``"0.50"`` -> ``"0.5"``; ``None`` when it is not a number."""
+    try:
+        number = float(value.replace(",", ""))
+    except ValueError:
+        return None
+    return str(int(number)) if number.is_integer() else repr(number)
+
+
+def verdict(text: str) -> str | None:
+    """The first verdict word: ``"correct"`` or ``"incorrect"``."""
+    match = VERDICT.search(text)
+    if match is None:
+        return None
+    return "correct" if match.group(1).lower() in POSITIVE else "incorrect"

@@ -1,0 +1,1 @@
+"""Prefect flows (the control plane) and the `flexmarl` command line, the outermost layer."""

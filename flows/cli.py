@@ -1,0 +1,114 @@
+"""The `flexmarl` command line: local runs, config validation and store inspection."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="FlexMARL: train teams of LLM agents with reinforcement learning.", no_args_is_help=True)
+store_app = typer.Typer(help="Inspect a run's experience store.", no_args_is_help=True)
+app.add_typer(store_app, name="store")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def train(
+    config: Annotated[Optional[Path], typer.Argument(help="Config YAML file (default: the preset).")] = None,
+    preset: Annotated[Optional[str], typer.Option(help="Shipped config: default or tiny.")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<time>).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
+    dask_address: Annotated[Optional[str], typer.Option(help="Existing Dask scheduler address.")] = None,
+) -> None:
+    """Train the agents of a MEG (a Prefect flow run on a Dask cluster)."""
+    from flexmarl.config import ConfigError, load_config
+
+    if config is not None and preset is not None:
+        fail("give a config file or --preset, not both")
+    try:  # validate before starting any server or cluster
+        load_config(config, preset=None if config else (preset or "default"), overrides=set_ or [])
+    except ConfigError as exc:
+        fail(str(exc))
+
+    from flows.prefect_server import PrefectAPIError, prefect_api
+    from flows.train import train_run
+
+    try:
+        with prefect_api() as url:
+            console.print(f"Prefect API: {url}")
+            report = train_run(
+                preset=preset, config=str(config) if config else None, overrides=set_ or [],
+                run_dir=str(run_dir) if run_dir else None, dask_address=dask_address,
+            )
+    except PrefectAPIError as exc:
+        fail(str(exc))
+    table = Table(title=f"run {report['run_id']} ({report['wall_s']:.1f} s)")
+    for col in ("agent", "version", "updates", "generated", "trained", "tokens", "reward by step"):
+        table.add_column(col)
+    for agent, a in report["agents"].items():
+        rewards = " ".join("-" if r is None else f"{r:.2f}" for r in a["mean_reward"])
+        table.add_row(agent, str(a["policy_version"]), str(a["updates"]), str(a["samples_generated"]),
+                      str(a["samples_trained"]), str(a["tokens_generated"]), rewards)
+    console.print(table)
+    console.print(f"report: {Path(report['run_dir']) / 'report.json'}")
+
+
+@app.command()
+def validate(config: Annotated[Path, typer.Argument(help="Config YAML file.")]) -> None:
+    """Check a config: exit 0 when valid, 2 with the problems named otherwise."""
+    from flexmarl.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        fail(str(exc))
+    order = " -> ".join(cfg.graph.order())
+    console.print(f"[green]valid[/]: {len(cfg.agents)} agents, graph order {order}")
+
+
+@store_app.command("inspect")
+def store_inspect(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (or a store root).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Each table's Delta version, rows and files; rows per agent and policy version."""
+    from storage.store import ExperienceStore, StoreError
+
+    root = run_dir / "store" if (run_dir / "store").is_dir() else run_dir
+    if not root.is_dir():
+        fail(f"{run_dir} is neither a run directory nor a store")
+    try:
+        info = ExperienceStore(root).describe()
+    except StoreError as exc:
+        fail(str(exc))
+    if as_json:
+        json.dump(info, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    tables = Table(title=f"store {info['root']}")
+    for col in ("table", "version", "rows", "files", "bytes"):
+        tables.add_column(col)
+    for name, t in info["tables"].items():
+        tables.add_row(name, *(str(t.get(k, t.get("error", ""))) for k in ("version", "rows", "files", "bytes")))
+    console.print(tables)
+    agents = Table(title="samples per agent and policy version")
+    for col in ("agent", "rows", "by version"):
+        agents.add_column(col)
+    for agent, a in info["agents"].items():
+        agents.add_row(agent, str(a["rows"]), ", ".join(f"v{v}: {n}" for v, n in a["by_version"].items()))
+    console.print(agents)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from flexmarl.config import ConfigError, load_config
+from flexmarl.meg.spec import GraphSpec
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def tiny_raw() -> dict:
+    from importlib import resources
+
+    return yaml.safe_load(resources.files("flexmarl.presets").joinpath("tiny.yaml").read_text())
+
+
+def config_with(tmp_path, **changes) -> str:
+    raw = tiny_raw()
+    for dotted, value in changes.items():
+        node = raw
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return write(tmp_path, yaml.safe_dump(raw))
+
+
+def test_presets_are_valid() -> None:
+    for preset in ("tiny", "default"):
+        cfg = load_config(preset=preset)
+        assert cfg.graph.order() == ["solver", "verifier"]
+
+
+def test_cycle_is_rejected_with_its_path(tmp_path) -> None:
+    path = config_with(tmp_path, graph__edges=[["solver", "verifier"], ["verifier", "solver"]])
+    with pytest.raises(ConfigError, match=r"cycle \((solver -> verifier -> solver|verifier -> solver -> verifier)\)"):
+        load_config(path)
+
+
+def test_unknown_agent_in_a_node(tmp_path) -> None:
+    path = config_with(tmp_path, graph__nodes=[{"name": "solver", "agent": "solver"},
+                                               {"name": "verifier", "agent": "critic"}])
+    with pytest.raises(ConfigError, match="node 'verifier' uses unknown agent 'critic'"):
+        load_config(path)
+
+
+def test_edge_to_unknown_node(tmp_path) -> None:
+    path = config_with(tmp_path, graph__edges=[["solver", "judge"]])
+    with pytest.raises(ConfigError, match="edge \\[solver, judge\\] names unknown node 'judge'"):
+        load_config(path)
+
+
+def test_template_field_no_parent_provides(tmp_path) -> None:
+    raw = tiny_raw()
+    raw["agents"]["verifier"]["prompt"] = "{question} {planner}"
+    with pytest.raises(ConfigError, match=r"prompt field\(s\) \['planner'\] are provided by neither"):
+        load_config(write(tmp_path, yaml.safe_dump(raw)))
+
+
+def test_missing_model_path(tmp_path) -> None:
+    raw = tiny_raw()
+    raw["agents"]["solver"]["model"] = str(tmp_path / "no-such-model")
+    with pytest.raises(ConfigError, match="agents.solver.model: model path .* does not exist"):
+        load_config(write(tmp_path, yaml.safe_dump(raw)))
+
+
+def test_unknown_key_suggests_the_nearest(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"train.stepz: unknown key \(did you mean 'steps'\?\)"):
+        load_config(preset="tiny", overrides=["train.stepz=3"])
+
+
+def test_wrong_type_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="train.steps: Input should be a valid integer"):
+        load_config(preset="tiny", overrides=["train.steps=many"])
+
+
+def test_malformed_yaml_gives_the_line(tmp_path) -> None:
+    path = write(tmp_path, "agents:\n  solver: {model: tiny\n  verifier: x\n")
+    with pytest.raises(ConfigError, match="malformed YAML at line 3"):
+        load_config(path)
+
+
+def test_unregistered_reward_is_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown reward 'verdict_match' \\(did you mean 'verdict_matches'\\?\\)"):
+        load_config(preset="tiny", overrides=["agents.verifier.reward=verdict_match"])
+
+
+def test_overrides_apply_and_parse_types() -> None:
+    cfg = load_config(preset="tiny", overrides=["train.steps=5", "training.lr=1e-4"])
+    assert cfg.train.steps == 5 and cfg.training.lr == pytest.approx(1e-4)
+
+
+def test_topological_order_is_deterministic_for_fan_out_and_fan_in() -> None:
+    graph = GraphSpec.model_validate({
+        "nodes": [{"name": n, "agent": "a"} for n in ("plan", "s2", "s1", "agg")],
+        "edges": [["plan", "s1"], ["plan", "s2"], ["s1", "agg"], ["s2", "agg"]],
+    })
+    assert graph.order() == ["plan", "s2", "s1", "agg"]
+    assert graph.parents("agg") == ["s1", "s2"]

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flexmarl.rollout.backend import GenerationRequest, WeightSyncError, WeightUpdate
+from flexmarl.rollout.hf_backend import HFBackend
+
+
+def test_generates_batched_responses_with_logprobs(tiny_dir) -> None:
+    backend = HFBackend(tiny_dir)
+    reqs = [GenerationRequest(f"r{i}", [257] + [65] * i, 8, 1.0, seed=1) for i in range(1, 5)]
+    results = backend.generate(reqs)
+    assert [r.request_id for r in results] == ["r1", "r2", "r3", "r4"]
+    for r in results:
+        assert 1 <= len(r.response_ids) <= 8 and len(r.logprobs) == len(r.response_ids)
+        assert all(lp <= 0 for lp in r.logprobs)
+        assert r.finish_reason == ("stop" if r.response_ids[-1] == backend.eos_id else "length")
+        assert r.policy_version == 0
+
+
+def test_weight_update_is_validated_before_it_is_applied(tiny_dir) -> None:
+    backend = HFBackend(tiny_dir)
+    state = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    name = next(iter(state))
+    bad = dict(state)
+    bad[name] = torch.zeros(3, 3)
+    with pytest.raises(WeightSyncError, match=f"agent 'a'.*{name}: got \\(3, 3\\)"):
+        backend.update_weights(WeightUpdate("a", 1, bad))
+    assert backend.version == 0
+    assert torch.equal(backend.model.state_dict()[name], state[name])
+
+    changed = {k: v + 1.0 for k, v in state.items()}
+    backend.update_weights(WeightUpdate("a", 1, changed))
+    assert backend.version == 1
+    assert torch.equal(backend.model.state_dict()[name], changed[name])

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flexmarl.workloads.datasets import DataConfig, DataError, TaskItem, TaskStream, load_tasks
+from flexmarl.workloads.parsers import last_number, verdict
+from flexmarl.workloads.rewards import RewardInput, correct_answer, verdict_matches
+
+GSM8K = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("so 12 + 7 = 19.", "19"), ("It costs $1,234.00", "1234"), ("-3 then 0.50", "0.5"), ("no digits", None)],
+)
+def test_last_number(text: str, expected: str | None) -> None:
+    assert last_number(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("Yes, it is right", "correct"), ("no.", "incorrect"), ("0", "incorrect"), ("1", "correct"), ("hmm", None)],
+)
+def test_verdict(text: str, expected: str | None) -> None:
+    assert verdict(text) == expected
+
+
+def test_rewards() -> None:
+    task = TaskItem("q", {"question": "1+1"}, "2")
+    right = RewardInput("solver", "2", task, {"solver": "2"}, [])
+    assert correct_answer(right) == 1.0
+    assert correct_answer(RewardInput("solver", None, task, {"solver": None}, [])) == 0.0
+    # the verifier is right when it rejects a wrong answer and accepts a right one
+    assert verdict_matches(RewardInput("verifier", "incorrect", task, {"solver": "3"}, ["solver"])) == 1.0
+    assert verdict_matches(RewardInput("verifier", "correct", task, {"solver": "3"}, ["solver"])) == 0.0
+    assert verdict_matches(RewardInput("verifier", "correct", task, {"solver": "2"}, ["solver"])) == 1.0
+    assert verdict_matches(RewardInput("verifier", None, task, {"solver": "2"}, ["solver"])) == 0.0
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="shared GSM8K data not present")
+def test_reads_real_gsm8k() -> None:
+    tasks = load_tasks(DataConfig(path=GSM8K, size=5))
+    assert len(tasks) == 5
+    assert tasks[0].answer == "18"  # "#### 18" in the first test problem
+    assert "ducks" in tasks[0].fields["question"]
+
+
+def test_corrupt_jsonl_line_is_named(tmp_path) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"question": "a", "answer": "#### 1"}\n{"question": "b"\n')
+    with pytest.raises(DataError, match=r"data.jsonl:2: not a JSON object"):
+        load_tasks(DataConfig(path=path))
+
+
+def test_missing_data_file(tmp_path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        load_tasks(DataConfig(path=tmp_path / "nope.jsonl"))
+
+
+def test_task_stream_is_deterministic_and_unique_across_epochs() -> None:
+    tasks = [TaskItem(f"t{i}", {"question": str(i)}, str(i)) for i in range(5)]
+    stream = TaskStream(tasks, seed=3)
+    ids = [t.input_id for step in range(4) for t in stream.batch(step, 3)]
+    assert ids == [t.input_id for step in range(4) for t in TaskStream(tasks, seed=3).batch(step, 3)]
+    assert len(ids) == len(set(ids)) == 12  # the second epoch gets a suffix
+    assert sorted(ids[:5]) == [f"t{i}" for i in range(5)]
+
+
+def test_reasoning_gym_tasks() -> None:
+    tasks = load_tasks(DataConfig(dataset="basic_arithmetic", size=3, dataset_args={"max_terms": 2}))
+    assert len(tasks) == 3 and all(t.answer.lstrip("-").isdigit() for t in tasks)

@@ -39,7 +39,7 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
             threads_per_worker=cfg.threads_per_worker,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address="127.0.0.1:0",  # never the shared default port 8787
             memory_limit=cfg.memory_limit,
             env=worker_env({**(env or {}), "OMP_NUM_THREADS": str(cfg.threads_per_worker)}),
         )

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from flows.cli_bench import bench_app
+from flows.cli_output import console, fail
+from flows.cli_store import store_app
+
 app = typer.Typer(help="FlexMARL: train teams of LLM agents with reinforcement learning.", no_args_is_help=True)
-store_app = typer.Typer(help="Inspect a run's experience store.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
-console = Console()
-err_console = Console(stderr=True)
-
-
-def fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code=2)
+app.add_typer(bench_app, name="bench")
 
 
 @app.command()
@@ -75,39 +69,6 @@ def validate(config: Annotated[Path, typer.Argument(help="Config YAML file.")]) 
         fail(str(exc))
     order = " -> ".join(cfg.graph.order())
     console.print(f"[green]valid[/]: {len(cfg.agents)} agents, graph order {order}")
-
-
-@store_app.command("inspect")
-def store_inspect(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory (or a store root).")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
-    """Each table's Delta version, rows and files; rows per agent and policy version."""
-    from storage.store import ExperienceStore, StoreError
-
-    root = run_dir / "store" if (run_dir / "store").is_dir() else run_dir
-    if not root.is_dir():
-        fail(f"{run_dir} is neither a run directory nor a store")
-    try:
-        info = ExperienceStore(root).describe()
-    except StoreError as exc:
-        fail(str(exc))
-    if as_json:
-        json.dump(info, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return
-    tables = Table(title=f"store {info['root']}")
-    for col in ("table", "version", "rows", "files", "bytes"):
-        tables.add_column(col)
-    for name, t in info["tables"].items():
-        tables.add_row(name, *(str(t.get(k, t.get("error", ""))) for k in ("version", "rows", "files", "bytes")))
-    console.print(tables)
-    agents = Table(title="samples per agent and policy version")
-    for col in ("agent", "rows", "by version"):
-        agents.add_column(col)
-    for agent, a in info["agents"].items():
-        agents.add_row(agent, str(a["rows"]), ", ".join(f"v{v}: {n}" for v, n in a["by_version"].items()))
-    console.print(agents)
 
 
 if __name__ == "__main__":

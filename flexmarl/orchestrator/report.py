@@ -48,7 +48,8 @@ def build_report(
         "run_dir": ctx.run_dir,
         "store_uri": ctx.store_uri,
         "steps": [
-            {"step": r.step, "rollout_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
+            {"step": r.step, "rollout_s": r.wall_s, "store_s": r.store_s
+             + sum(u.store_s for u in updates if u.step == r.step), "tokens_per_s": r.tokens_per_s,
              "failed_episodes": r.failed_episodes, "unparsed": r.unparsed}
             for r in rollouts
         ],

@@ -49,7 +49,8 @@ class RolloutSummary:
     mean_reward: dict[str, float]
     unparsed: dict[str, int]  # outputs the agent's parser could not read (reward 0)
     failed_episodes: int  # episodes whose reward function raised
-    wall_s: float
+    wall_s: float  # sampling and scoring
+    store_s: float  # committing the samples and episodes
 
     @property
     def tokens_per_s(self) -> float:
@@ -66,6 +67,7 @@ class UpdateSummary:
     skipped: bool
     metrics: dict[str, float] = field(default_factory=dict)
     train_s: float = 0.0
+    store_s: float = 0.0  # committing the update record
     sync_s: float = 0.0
 
 
@@ -151,6 +153,7 @@ class Runtime:
         episodes = engine.run(tasks, step=step, group_size=self.cfg.train.group_size)
         score(episodes, self.cfg, adv_eps=self.cfg.training.adv_eps)
         wall = time.perf_counter() - t0
+        t1 = time.perf_counter()
         versions, samples, tokens, rewards, unparsed = {}, {}, {}, {}, {}
         for agent in self.cfg.agents:
             rows = sample_rows(episodes, agent, policy_version=self.versions[agent])
@@ -163,7 +166,9 @@ class Runtime:
             unparsed[agent] = sum(p is None for p in rows["parsed"].to_pylist())
         self.store.append_episodes(episode_rows(episodes), app_id="rollout:episodes", seq=step + 1)
         failed = sum(ep.error is not None for ep in episodes)
-        return RolloutSummary(step, versions, samples, tokens, rewards, unparsed, failed, wall)
+        return RolloutSummary(
+            step, versions, samples, tokens, rewards, unparsed, failed, wall, time.perf_counter() - t1
+        )
 
     def update(self, agent: str, step: int, samples_version: int) -> UpdateSummary:
         """Train ``agent`` on its step batch, record the update, and sync the new weights to its replica."""
@@ -179,16 +184,17 @@ class Runtime:
         if result.skipped:
             return UpdateSummary(agent, step, base, 0, result.num_tokens, True, result.metrics, train_s)
         # The consumption record and the version bump are one commit.
+        t1 = time.perf_counter()
         self.store.record_update(
             agent, result.policy_version, result.consumed_ids, samples_version=samples_version,
             num_tokens=result.num_tokens, metrics=result.metrics,
         )
         self.versions[agent] = result.policy_version
-        t1 = time.perf_counter()
+        t2 = time.perf_counter()
         self.sync_weights(agent, result.policy_version)
         return UpdateSummary(
             agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens, False,
-            result.metrics, train_s, time.perf_counter() - t1,
+            result.metrics, train_s, t2 - t1, time.perf_counter() - t2,
         )
 
     def sync_weights(self, agent: str, version: int) -> None:

@@ -31,7 +31,7 @@ from flexmarl.training.config import TrainerConfig
 from flexmarl.workloads.datasets import DataConfig
 from storage.config import StoreConfig
 
-PRESETS = ("default", "tiny")
+PRESETS = ("default", "tiny", "fan_out")
 
 
 class ConfigError(ValueError):

@@ -2,7 +2,8 @@
 
 Start it with ``flexmarl train``, from a deployment (``prefect deployment run 'flexmarl-train/tiny'``) or
 from the Prefect UI. The flow only orchestrates: each task makes one coarse engine call; generation
-batches and micro-batches run on Dask inside the engines.
+batches and micro-batches run on Dask inside the pipeline, and every agent update it finishes appears as
+an ``agent-update`` task run with its metrics.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from prefect import flow, get_run_logger
 
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, dump_config, load_config
-from flexmarl.orchestrator.runtime import RunContext, Runtime, UpdateSummary, prepare_run
+from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
 from tasks.engines import save_checkpoint, start_engines
-from tasks.publish import publish_report, set_progress, start_progress
-from tasks.rollout import rollout_step
-from tasks.update import update_agent
+from tasks.pipeline import run_pipeline
+from tasks.publish import publish_report, publish_update, set_progress, start_progress
 
 
 def resolve_config(
@@ -50,7 +50,7 @@ def train_run(
             'tiny' (a tiny model, for tests); used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
         steps: optimizer steps per agent (overrides ``train.steps``).
-        overrides: ``dotted.key=value`` settings, e.g. ``["training.lr=1e-5"]``.
+        overrides: ``dotted.key=value`` settings, e.g. ``["training.lr=1e-5", "train.mode=sync"]``.
         run_dir: where the store, checkpoints and report go (default ``runs/<time>``).
         dask_address: an existing Dask scheduler; default starts a LocalCluster.
 
@@ -67,31 +67,20 @@ def train_run(
     with open_cluster(cfg.cluster) as address:
         ctx = RunContext(run_id, str(Path(run_dir).resolve()), store_uri, address)
         try:
-            placement = start_engines(ctx)
-            logger.info("engines started: %s", placement)
+            logger.info("engines: %s", start_engines(ctx))
             progress = start_progress()
-            rollouts, updates = [], []
-            for step in range(cfg.train.steps):
-                # sync mode: the whole global batch, then every agent's update (concurrently), then sync
-                rollout = rollout_step(ctx, step)
-                futures = [
-                    update_agent.submit(ctx, agent, step, rollout.samples_versions[agent]) for agent in cfg.agents
-                ]
-                step_updates: list[UpdateSummary] = [f.result() for f in futures]
-                rollouts.append(rollout)
-                updates.extend(step_updates)
-                set_progress(progress, step + 1, cfg.train.steps)
-                logger.info(
-                    "step %d/%d | %s | %.0f tok/s | rollout %.1fs | update %.1fs",
-                    step + 1, cfg.train.steps,
-                    " ".join(f"{a} reward {r:.3f} v{u.policy_version}"
-                             for (a, r), u in zip(rollout.mean_reward.items(), step_updates, strict=True)),
-                    rollout.tokens_per_s, rollout.wall_s, max(u.train_s + u.sync_s for u in step_updates),
-                )
+            total = cfg.train.steps * len(cfg.agents)
+            pipeline = run_pipeline.submit(ctx)
+            # Each agent update the pipeline finishes shows up as its own task run, as it happens.
+            updates = []
+            for event in iter(Runtime.get(ctx).events.get, None):
+                updates.append(publish_update(event))
+                set_progress(progress, len(updates), total)
+            result = pipeline.result()
             if cfg.train.save_checkpoints:
                 for agent in cfg.agents:
                     save_checkpoint(ctx, agent)
-            return publish_report(ctx, cfg, rollouts, updates, time.perf_counter() - t0)
+            return publish_report(ctx, cfg, result, updates, time.perf_counter() - t0)
         finally:
             Runtime.release(ctx)
 

@@ -7,8 +7,8 @@ from flexmarl.orchestrator.runtime import RunContext, Runtime
 
 
 @task(name="start-engines", cache_policy=NO_CACHE)
-def start_engines(ctx: RunContext) -> dict[str, str]:
-    """Load every agent's rollout replica and trainer on its Dask worker; returns agent -> worker."""
+def start_engines(ctx: RunContext) -> dict[str, dict]:
+    """Load every agent's rollout replicas and trainer on their Dask workers; returns the placement."""
     return Runtime.get(ctx).start_engines()
 
 

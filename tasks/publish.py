@@ -12,26 +12,48 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
 
 from flexmarl.config import RunConfig
+from flexmarl.orchestrator.pipeline import PipelineResult, UpdateEvent
 from flexmarl.orchestrator.report import build_report
-from flexmarl.orchestrator.runtime import RolloutSummary, RunContext, UpdateSummary
+from flexmarl.orchestrator.runtime import RunContext
 
 
 def start_progress() -> UUID:
-    return create_progress_artifact(progress=0.0, key="training-progress", description="Steps done, in percent")
+    return create_progress_artifact(progress=0.0, key="training-progress", description="Agent updates done, in %")
 
 
 def set_progress(artifact_id: UUID, done: int, total: int) -> None:
     update_progress_artifact(artifact_id, progress=100.0 * done / total)
 
 
+@task(name="agent-update", cache_policy=NO_CACHE, task_run_name="update-{event.agent}-v{event.policy_version}")
+def publish_update(event: UpdateEvent) -> dict:
+    """One agent's optimizer step, as the UI shows it: reward, samples, tokens and loss of that update."""
+    row = {
+        "agent": event.agent,
+        "version": event.policy_version,
+        "mean_reward": event.mean_reward,
+        "samples": event.samples,
+        "tokens": event.tokens,
+        "at_s": round(event.finished_at, 2),
+        **{k: round(v, 6) for k, v in event.metrics.items()},
+    }
+    reward = "-" if event.mean_reward is None else f"{event.mean_reward:.3f}"
+    get_run_logger().info(
+        "%s v%d | reward %s | %d samples | %d tokens | t=%.1fs%s", event.agent, event.policy_version, reward,
+        event.samples, event.tokens, event.finished_at, " | SKIPPED (loss not finite)" if event.skipped else "",
+    )
+    return row
+
+
 @task(name="publish-report", cache_policy=NO_CACHE)
 def publish_report(
-    ctx: RunContext, cfg: RunConfig, rollouts: list[RolloutSummary], updates: list[UpdateSummary], wall_s: float
+    ctx: RunContext, cfg: RunConfig, result: PipelineResult, updates: list[dict], wall_s: float
 ) -> dict:
     """Write RUN_DIR/report.json and publish per-agent metrics as Prefect table and markdown artifacts."""
-    report = build_report(ctx, cfg, rollouts, updates, wall_s=wall_s)
+    report = build_report(ctx, cfg, result, wall_s=wall_s)
     Path(ctx.run_dir, "report.json").write_text(json.dumps(report, indent=2))
     rows = [
         {
@@ -46,20 +68,18 @@ def publish_report(
         for agent, a in report["agents"].items()
     ]
     create_table_artifact(rows, key="agent-metrics", description=f"Per-agent metrics of run {ctx.run_id}")
+    create_table_artifact(updates, key="agent-updates", description="Every agent update, in order")
     lines = [
         f"# FlexMARL run `{ctx.run_id}`",
         "",
-        f"mode `{report['mode']}`, wall time {wall_s:.1f} s, store `{ctx.store_uri}`",
+        f"mode `{report['mode']}`, wall time {wall_s:.1f} s, worker utilisation {report['utilization']:.0%}, "
+        f"{report['tokens_per_s']:.0f} tokens/s, store `{ctx.store_uri}`",
         "",
-        "| step | rollout s | tokens/s | " + " | ".join(f"{a} reward" for a in report["agents"]) + " |",
-        "|---|---|---|" + "---|" * len(report["agents"]),
+        "| agent | version | samples trained | reward by step |",
+        "|---|---|---|---|",
     ]
-    for i, s in enumerate(report["steps"]):
-        rewards = " | ".join(_fmt(a["mean_reward"][i]) for a in report["agents"].values())
-        lines.append(f"| {s['step']} | {s['rollout_s']:.1f} | {s['tokens_per_s']:.0f} | {rewards} |")
-    create_markdown_artifact("\n".join(lines), key="run-summary", description="Per-step summary")
+    for agent, a in report["agents"].items():
+        rewards = " ".join("-" if r is None else f"{r:.2f}" for r in a["mean_reward"])
+        lines.append(f"| {agent} | {a['policy_version']} | {a['samples_trained']} | {rewards} |")
+    create_markdown_artifact("\n".join(lines), key="run-summary", description="Run summary")
     return report
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"

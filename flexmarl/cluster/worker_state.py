@@ -9,6 +9,8 @@ samples from the store, so a lost worker loses nothing that cannot be rebuilt.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,3 +42,22 @@ def worker_address() -> str:
 def _limit_threads() -> None:
     # One torch thread per worker thread: more threads than cores makes timings erratic on small machines.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+
+def timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float, float, str]:
+    """Run ``fn(*args)`` on this worker; return its value, wall-clock start and end, and the worker."""
+    start = time.time()
+    value = fn(*args)
+    return value, start, time.time(), worker_address()
+
+
+def release(prefix: str, dask_worker: Any = None) -> int:
+    """Drop this worker's engines whose key starts with ``prefix`` (a finished run); returns how many.
+
+    Meant for ``client.run(release, prefix)``, which passes the worker as ``dask_worker``.
+    """
+    registry = engines() if dask_worker is None else getattr(dask_worker, "_flexmarl_engines", {})
+    keys = [k for k in registry if k.startswith(prefix)]
+    for k in keys:
+        del registry[k]
+    return len(keys)

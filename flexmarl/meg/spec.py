@@ -49,6 +49,8 @@ class AgentSpec(Strict):
     reward: str
     """Registered reward function (see ``flexmarl.workloads.registry.REWARDS``)."""
     sampling: SamplingConfig = SamplingConfig()
+    max_staleness: int | None = Field(None, ge=0)
+    """This agent's staleness bound; null uses ``train.max_staleness``."""
 
     @field_validator("model")
     @classmethod

@@ -12,8 +12,17 @@ from flexmarl.configbase import Strict
 class TrainLoopConfig(Strict):
     steps: int = Field(2, ge=1)
     """Optimizer steps per agent."""
-    mode: Literal["sync"] = "sync"
-    """'sync': generate the whole global batch, then train every agent, then sync weights."""
+    mode: Literal["flexmarl", "sync"] = "flexmarl"
+    """'flexmarl': agents train on their own clocks, micro-batches while the batch is still generated
+    (the paper's pipeline); 'sync': the baseline: generate the whole global batch layer by layer for every
+    agent, barrier, train every agent, sync weights, repeat."""
+    pipeline: bool = True
+    """In 'flexmarl' mode, train each committed micro-batch at once; false waits for the agent's whole batch
+    (the no-pipeline ablation)."""
+    max_staleness: int = Field(0, ge=0)
+    """How many versions behind the trained weights a sample's generator may be (opt-in, beyond the paper);
+    0 is strictly on-policy: the weights equal those of 'sync'. Stale samples get capped importance weights.
+    An agent's own ``max_staleness`` overrides it."""
     queries_per_step: int = Field(4, ge=1)
     """Task inputs per step."""
     group_size: int = Field(4, ge=2)

@@ -1,4 +1,4 @@
-"""The run report (``RUN_DIR/report.json``), built from the store so that it cannot disagree with it."""
+"""The run report (``RUN_DIR/report.json``): counts from the store, timings from the pipeline."""
 
 from __future__ import annotations
 
@@ -7,20 +7,18 @@ from collections import defaultdict
 import pyarrow.compute as pc
 
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.runtime import RolloutSummary, RunContext, UpdateSummary
+from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.runtime import RunContext
 from storage.store import UPDATES, ExperienceStore
 
 
-def build_report(
-    ctx: RunContext,
-    cfg: RunConfig,
-    rollouts: list[RolloutSummary],
-    updates: list[UpdateSummary],
-    *,
-    wall_s: float,
-) -> dict:
+def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wall_s: float) -> dict:
+    """Per-agent counts read back from the store (so the report cannot disagree with it), plus timings."""
     store = ExperienceStore(ctx.store_uri, storage_options=cfg.store.storage_options or None)
     update_rows = store.read(UPDATES)
+    busy: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for span in result.spans:
+        busy[span.agent][span.kind] += span.end - span.start
     agents = {}
     for agent in cfg.agents:
         samples = store.read_samples(agent, columns=["step", "reward", "response_ids"])
@@ -29,6 +27,7 @@ def build_report(
         for step, reward in zip(samples["step"].to_pylist(), samples["reward"].to_pylist(), strict=True):
             if reward is not None:
                 by_step[step].append(reward)
+        events = sorted((u for u in result.updates if u.agent == agent), key=lambda u: u.step)
         agents[agent] = {
             "policy_version": store.policy_version(agent),
             "updates": mine.num_rows,
@@ -36,22 +35,23 @@ def build_report(
             "samples_trained": sum(len(ids) for ids in mine["consumed_ids"].to_pylist()),
             "tokens_generated": int(pc.sum(pc.list_value_length(samples["response_ids"])).as_py() or 0),
             # None for a step without rewarded samples (every episode failed)
-            "mean_reward": [sum(by_step[r.step]) / len(by_step[r.step]) if by_step[r.step] else None
-                            for r in rollouts],
-            "update_s": [u.train_s for u in updates if u.agent == agent],
-            "sync_s": [u.sync_s for u in updates if u.agent == agent],
+            "mean_reward": [
+                sum(by_step[s]) / len(by_step[s]) if by_step[s] else None for s in sorted(set(by_step) | {
+                    u.step for u in events})
+            ],
+            "update_finished_s": [u.finished_at for u in events],
+            "skipped_updates": sum(u.skipped for u in events),
+            "busy_s": dict(busy[agent]),
         }
     return {
         "run_id": ctx.run_id,
         "mode": cfg.train.mode,
         "wall_s": wall_s,
+        "pipeline_s": result.wall_s,
+        "utilization": result.utilization(),
+        "workers": len(result.workers),
+        "tokens_per_s": result.tokens / result.wall_s if result.wall_s > 0 else 0.0,
         "run_dir": ctx.run_dir,
         "store_uri": ctx.store_uri,
-        "steps": [
-            {"step": r.step, "rollout_s": r.wall_s, "store_s": r.store_s
-             + sum(u.store_s for u in updates if u.step == r.step), "tokens_per_s": r.tokens_per_s,
-             "failed_episodes": r.failed_episodes, "unparsed": r.unparsed}
-            for r in rollouts
-        ],
         "agents": agents,
     }

@@ -1,28 +1,28 @@
-"""The driver side of a run: the coarse operations the control plane (Prefect tasks) calls.
+"""The driver side of a run: lay out the run directory, start the engines on Dask, run the pipeline.
 
-``prepare_run`` lays out a run directory; a ``Runtime`` then starts the engines on Dask, rolls out a
-step, updates an agent and syncs its weights, and saves checkpoints. Each operation takes and returns
-small records (versions, counts, metrics), never tensors or tables. The micro-level work (generation
-batches, micro-batches) runs inside the engines, on Dask.
+``prepare_run`` lays out a run directory; a ``Runtime`` then starts each agent's rollout replicas and
+trainer on the Dask workers, runs the pipeline (``pipeline.py``) under the schedule the config asks for, and
+saves checkpoints. It is used by the Prefect flow and by the benchmarks alike, so both run the same engine.
 """
 
 from __future__ import annotations
 
-import time
+import queue
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import torch
 from distributed import Client, TimeoutError as DaskTimeoutError
 
 from flexmarl.cluster.local import connect, place
+from flexmarl.cluster.worker_state import release
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.orchestrator.pipeline import PipelineResult, PipelineRunner, UpdateEvent
+from flexmarl.orchestrator.policy import SchedulePolicy
 from flexmarl.rollout import replica
-from flexmarl.rollout.backend import WeightSyncError
-from flexmarl.rollout.engine import RolloutEngine
-from flexmarl.rollout.scoring import episode_rows, sample_rows, score
 from flexmarl.training import slot
 from flexmarl.workloads.datasets import TaskStream, load_tasks
 from storage.store import ExperienceStore
@@ -38,37 +38,6 @@ class RunContext:
     run_dir: str
     store_uri: str
     address: str  # Dask scheduler
-
-
-@dataclass(frozen=True)
-class RolloutSummary:
-    step: int
-    samples_versions: dict[str, int]  # agent -> Delta version holding the step's samples
-    samples: dict[str, int]
-    tokens: dict[str, int]
-    mean_reward: dict[str, float]
-    unparsed: dict[str, int]  # outputs the agent's parser could not read (reward 0)
-    failed_episodes: int  # episodes whose reward function raised
-    wall_s: float  # sampling and scoring
-    store_s: float  # committing the samples and episodes
-
-    @property
-    def tokens_per_s(self) -> float:
-        return sum(self.tokens.values()) / self.wall_s if self.wall_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class UpdateSummary:
-    agent: str
-    step: int
-    policy_version: int
-    samples: int
-    tokens: int
-    skipped: bool
-    metrics: dict[str, float] = field(default_factory=dict)
-    train_s: float = 0.0
-    store_s: float = 0.0  # committing the update record
-    sync_s: float = 0.0
 
 
 def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
@@ -90,6 +59,18 @@ def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
     return f"{run_path.name}-{uuid.uuid4().hex[:8]}", store_uri
 
 
+def schedule_policy(cfg: RunConfig) -> SchedulePolicy:
+    return SchedulePolicy(
+        mode=cfg.train.mode,
+        steps=cfg.train.steps,
+        pipeline=cfg.train.pipeline,
+        max_staleness={
+            a: spec.max_staleness if spec.max_staleness is not None else cfg.train.max_staleness
+            for a, spec in cfg.agents.items()
+        },
+    )
+
+
 class Runtime:
     """Driver-side handle of one run, cached per process so that every control-plane task shares it."""
 
@@ -105,117 +86,85 @@ class Runtime:
     def release(cls, ctx: RunContext) -> None:
         runtime = cls._instances.pop(ctx.run_id, None)
         if runtime is not None:
-            runtime.client.close()
+            runtime.close()
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, cfg: RunConfig | None = None) -> None:
         self.ctx = ctx
-        self.cfg = load_config(Path(ctx.run_dir) / CONFIG_FILE)
+        self.cfg = cfg or load_config(Path(ctx.run_dir) / CONFIG_FILE)
         self.store = ExperienceStore(ctx.store_uri, storage_options=self.cfg.store.storage_options or None)
         self.client: Client = connect(ctx.address, timeout_s=self.cfg.cluster.connect_timeout_s)
         self.model_dirs = {a: str(resolve_model(s.model, seed=self.cfg.train.seed)) for a, s in self.cfg.agents.items()}
         self.tokenizers = {a: load_tokenizer(Path(d)) for a, d in self.model_dirs.items()}
-        workers = list(self.client.scheduler_info()["workers"])
-        # An agent's replica and trainer share a worker, so that its weight sync stays in one process.
-        self.placement = place(list(self.cfg.agents), workers)
+        workers = sorted(self.client.scheduler_info()["workers"])
+        # Each agent's trainer lives on its home worker; with load balancing every worker also holds a
+        # replica of every agent, otherwise the agent's only replica shares its home worker.
+        self.trainers = place(list(self.cfg.agents), workers)
+        self.replicas = {
+            a: list(workers) if self.cfg.rollout.load_balance else [home] for a, home in self.trainers.items()
+        }
         self.versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
         self.tasks = TaskStream(load_tasks(self.cfg.data), seed=self.cfg.data.seed)
         self.timeout_s = self.cfg.rollout.request_timeout_s
+        self.events: queue.Queue[UpdateEvent | None] = queue.Queue()
 
-    def _result(self, future, what: str):
+    def key(self, agent: str) -> str:
+        return f"{self.ctx.run_id}/{agent}"
+
+    def _wait(self, futures: list, what: str) -> list:
         try:
-            return future.result(timeout=self.timeout_s)
+            return [f.result(timeout=self.timeout_s) for f in futures]
         except (TimeoutError, DaskTimeoutError):
             raise TimeoutError(f"{what} did not finish within {self.timeout_s:.0f}s") from None
 
-    def start_engines(self) -> dict[str, str]:
-        """Load every agent's rollout replica and trainer on its worker. Returns agent -> worker."""
+    def start_engines(self) -> dict[str, dict]:
+        """Load every agent's replicas and trainer on their workers. Returns the placement."""
         futures = []
         for agent, spec in self.cfg.agents.items():
-            opts = dict(workers=[self.placement[agent]], allow_other_workers=False, pure=False)
-            version = self.versions[agent]
-            futures.append(self.client.submit(replica.start_replica, agent, self.model_dirs[agent], version, **opts))
+            version, model_dir = self.versions[agent], self.model_dirs[agent]
+            for worker in self.replicas[agent]:
+                futures.append(self.client.submit(
+                    replica.start_replica, self.key(agent), model_dir, version,
+                    workers=[worker], allow_other_workers=False, pure=False,
+                ))
             futures.append(self.client.submit(
-                slot.start_trainer, agent, self.model_dirs[agent], self.cfg.training, spec.sampling.temperature,
-                version, **opts,
+                slot.start_trainer, self.key(agent), model_dir, self.cfg.training, spec.sampling.temperature,
+                version, workers=[self.trainers[agent]], allow_other_workers=False, pure=False,
             ))
-        for fut in futures:
-            self._result(fut, "starting the engines")
-        return dict(self.placement)
+        self._wait(futures, "starting the engines")
+        return {a: {"trainer": self.trainers[a], "replicas": self.replicas[a]} for a in self.cfg.agents}
 
-    def rollout(self, step: int) -> RolloutSummary:
-        """Sample the step's episodes, score them and commit each agent's samples (idempotently)."""
-        t0 = time.perf_counter()
-        engine = RolloutEngine(
-            self.client, self.cfg, self.tokenizers, {a: [w] for a, w in self.placement.items()},
-            max_batch_size=self.cfg.rollout.max_batch_size, timeout_s=self.timeout_s, seed=self.cfg.train.seed,
+    def run(self) -> PipelineResult:
+        """Run every agent's updates under the configured schedule; each update is also put on ``events``."""
+        runner = PipelineRunner(
+            client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
+            run_key=self.ctx.run_id, tokenizers=self.tokenizers, replicas=self.replicas, trainers=self.trainers,
+            versions=self.versions, tasks=self.tasks, on_update=self.events.put,
         )
-        tasks = self.tasks.batch(step, self.cfg.train.queries_per_step)
-        episodes = engine.run(tasks, step=step, group_size=self.cfg.train.group_size)
-        score(episodes, self.cfg, adv_eps=self.cfg.training.adv_eps)
-        wall = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        versions, samples, tokens, rewards, unparsed = {}, {}, {}, {}, {}
-        for agent in self.cfg.agents:
-            rows = sample_rows(episodes, agent, policy_version=self.versions[agent])
-            # seq = step + 1: a retried rollout of this step commits nothing twice
-            versions[agent] = self.store.append_samples(agent, rows, app_id=f"rollout:{agent}", seq=step + 1).version
-            samples[agent] = rows.num_rows
-            tokens[agent] = sum(len(r) for r in rows["response_ids"].to_pylist())
-            valid = [r for r in rows["reward"].to_pylist() if r is not None]
-            rewards[agent] = sum(valid) / len(valid) if valid else 0.0
-            unparsed[agent] = sum(p is None for p in rows["parsed"].to_pylist())
-        self.store.append_episodes(episode_rows(episodes), app_id="rollout:episodes", seq=step + 1)
-        failed = sum(ep.error is not None for ep in episodes)
-        return RolloutSummary(
-            step, versions, samples, tokens, rewards, unparsed, failed, wall, time.perf_counter() - t1
-        )
-
-    def update(self, agent: str, step: int, samples_version: int) -> UpdateSummary:
-        """Train ``agent`` on its step batch, record the update, and sync the new weights to its replica."""
-        worker = self.placement[agent]
-        opts = dict(workers=[worker], allow_other_workers=False, pure=False)
-        t0 = time.perf_counter()
-        base = self.versions[agent]
-        result = self._result(
-            self.client.submit(slot.train_step, agent, self.ctx.store_uri, samples_version, base, **opts),
-            f"the update of agent {agent!r} from v{base}",
-        )
-        train_s = time.perf_counter() - t0
-        if result.skipped:
-            return UpdateSummary(agent, step, base, 0, result.num_tokens, True, result.metrics, train_s)
-        # The consumption record and the version bump are one commit.
-        t1 = time.perf_counter()
-        self.store.record_update(
-            agent, result.policy_version, result.consumed_ids, samples_version=samples_version,
-            num_tokens=result.num_tokens, metrics=result.metrics,
-        )
-        self.versions[agent] = result.policy_version
-        t2 = time.perf_counter()
-        self.sync_weights(agent, result.policy_version)
-        return UpdateSummary(
-            agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens, False,
-            result.metrics, train_s, t2 - t1, time.perf_counter() - t2,
-        )
-
-    def sync_weights(self, agent: str, version: int) -> None:
-        """Push the trainer's weights to the agent's replica; fails fast, naming agent, replica and version."""
-        worker = self.placement[agent]
-        opts = dict(workers=[worker], allow_other_workers=False, pure=False)
-        state = self.client.submit(slot.weights, agent, **opts)
-        applied = self.client.submit(replica.load_weights, agent, version, state, **opts)
         try:
-            got = applied.result(timeout=self.cfg.rollout.request_timeout_s)
-        except (TimeoutError, DaskTimeoutError):
-            raise WeightSyncError(
-                f"weight sync of agent {agent!r} v{version} to replica {worker} timed out"
-            ) from None
-        if got != version:
-            raise WeightSyncError(f"replica {worker} of agent {agent!r} reports v{got} after a sync to v{version}")
+            result = runner.run()
+        finally:
+            self.events.put(None)  # tells a consumer of `events` that no more will come
+        self.versions = dict(runner.versions)
+        return result
+
+    def weights(self, agent: str) -> dict[str, torch.Tensor]:
+        """The agent's current trained weights (copied to this process)."""
+        fut = self.client.submit(slot.weights, self.key(agent), workers=[self.trainers[agent]],
+                                 allow_other_workers=False, pure=False)
+        return self._wait([fut], f"fetching the weights of {agent!r}")[0]
 
     def checkpoint(self, agent: str) -> str:
         out = Path(self.ctx.run_dir) / "checkpoints" / agent / f"v{self.versions[agent]}"
         fut = self.client.submit(
-            slot.save_checkpoint, agent, str(out), self.model_dirs[agent],
-            workers=[self.placement[agent]], allow_other_workers=False, pure=False,
+            slot.save_checkpoint, self.key(agent), str(out), self.model_dirs[agent],
+            workers=[self.trainers[agent]], allow_other_workers=False, pure=False,
         )
-        return self._result(fut, f"the checkpoint of agent {agent!r}")
+        return self._wait([fut], f"the checkpoint of agent {agent!r}")[0]
+
+    def close(self) -> None:
+        """Free this run's engines on every worker, then disconnect."""
+        try:
+            self.client.run(release, f"replica:{self.ctx.run_id}/")
+            self.client.run(release, f"trainer:{self.ctx.run_id}/")
+        finally:
+            self.client.close()

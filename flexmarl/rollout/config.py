@@ -12,6 +12,10 @@ from flexmarl.configbase import Strict
 class RolloutConfig(Strict):
     backend: Literal["hf"] = "hf"
     """Generation backend: 'hf' (Hugging Face transformers, CPU or GPU)."""
+    load_balance: bool = True
+    """Give every agent a replica on every worker and send each batch to the free replica with the fewest
+    outstanding tokens, so idle capacity serves whichever agent has work; false keeps one replica per agent
+    on its home worker (the no-lb ablation, and the 'sync' baseline's dedicated engines)."""
     max_batch_size: int = Field(32, ge=1)
     """Most requests one replica generates in one batch; waiting requests join the next batch."""
     request_timeout_s: float = Field(1800.0, gt=0)

@@ -15,7 +15,7 @@ class HFBackend:
     """One agent's rollout replica on a transformers model.
 
     Sampling is plain temperature sampling (no top-k/top-p), so the stored log-probs are those of the
-    distribution the trainer re-scores.
+    distribution the trainer re-scores. Sampling is seeded per request (see ``_generate_batch``).
     """
 
     def __init__(self, model_dir: str | Path, *, version: int = 0, device: str | None = None) -> None:
@@ -39,40 +39,61 @@ class HFBackend:
     def _generate_batch(
         self, requests: list[GenerationRequest], max_new_tokens: int, temperature: float
     ) -> list[GenerationResult]:
+        """Decode the batch token by token with a KV cache.
+
+        Each row samples with the Gumbel-max trick from its own generator, seeded by its request: a
+        response depends only on (weights, prompt, seed), not on which other requests share its batch or
+        which worker runs it. That is what lets the pipeline reproduce the synchronous schedule exactly.
+        """
+        B = len(requests)
         width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(requests), width), dtype=torch.long)
+        input_ids = torch.full((B, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((B, width), dtype=torch.long)
         for i, r in enumerate(requests):  # left padding: every prompt ends at column `width`
             input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
             attention[i, width - len(r.prompt_ids) :] = 1
-        torch.manual_seed(requests[0].seed)
-        out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            do_sample=True,
-            temperature=temperature,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-        new_tokens = out.sequences[:, width:].cpu()  # (B, T)
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # (B, T, V), raw: before temperature
-        logprobs = torch.log_softmax(logits / temperature, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        results = []
-        for i, r in enumerate(requests):
-            tokens = new_tokens[i].tolist()
-            if self.eos_id in tokens:
-                length, finish = tokens.index(self.eos_id) + 1, "stop"
-            else:
-                length, finish = len(tokens), "length"
-            results.append(
-                GenerationResult(r.request_id, tokens[:length], logprobs[i, :length].tolist(), finish, self.version)
+        generators = [torch.Generator().manual_seed(r.seed) for r in requests]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, width): padding does not shift positions
+        input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
+
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros((B, max_new_tokens))
+        lengths = torch.full((B,), max_new_tokens, dtype=torch.long)
+        finished = torch.zeros(B, dtype=torch.bool)
+        next_pos = positions[:, -1]
+        for t in range(max_new_tokens):
+            logp = torch.log_softmax(out.logits[:, -1, :].float().cpu() / temperature, dim=-1)  # (B, V)
+            uniform = torch.stack([torch.rand(logp.shape[-1], generator=g) for g in generators])  # (B, V)
+            gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+            step_tokens = torch.argmax(logp + gumbel, dim=-1)  # a sample of softmax(logits / T)
+            step_tokens[finished] = self.pad_id
+            tokens[:, t] = step_tokens
+            logprobs[:, t] = logp.gather(-1, step_tokens.unsqueeze(-1)).squeeze(-1)
+            newly = (step_tokens == self.eos_id) & ~finished
+            lengths[newly] = t + 1
+            finished |= newly
+            if bool(finished.all()):
+                break
+            attention = torch.cat([attention, torch.ones((B, 1), dtype=attention.dtype, device=self.device)], dim=1)
+            next_pos = next_pos + 1
+            out = self.model(
+                input_ids=step_tokens.unsqueeze(-1).to(self.device),
+                attention_mask=attention,
+                position_ids=next_pos.unsqueeze(-1),
+                cache=out.cache,
+                use_cache=True,
             )
-        return results
+        return [
+            GenerationResult(
+                r.request_id,
+                tokens[i, : lengths[i]].tolist(),
+                logprobs[i, : lengths[i]].tolist(),
+                "stop" if bool(finished[i]) else "length",
+                self.version,
+            )
+            for i, r in enumerate(requests)
+        ]
 
     def update_weights(self, update: WeightUpdate) -> None:
         current = self.model.state_dict()

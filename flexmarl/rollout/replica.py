@@ -1,7 +1,7 @@
-"""Functions that run on a Dask worker to host and drive one agent's rollout replica.
+"""Functions that run on a Dask worker to host and drive rollout replicas.
 
-The driver submits them pinned to the replica's worker (``workers=[address]``); they find the replica in
-the worker's engine registry.
+The driver submits them pinned to a worker (``workers=[address]``); they find the replica in the
+worker's engine registry under ``key`` (``"<run id>/<agent>"``), so several runs can share a cluster.
 """
 
 from __future__ import annotations
@@ -13,39 +13,38 @@ from flexmarl.rollout.backend import GenerationRequest, GenerationResult, Weight
 from flexmarl.rollout.hf_backend import HFBackend
 
 
-def _key(agent: str) -> str:
-    return f"replica:{agent}"
+def _key(key: str) -> str:
+    return f"replica:{key}"
 
 
-def start_replica(agent: str, model_dir: str, version: int) -> str:
-    """Load the agent's model on this worker (once) and return the worker's address."""
+def start_replica(key: str, model_dir: str, version: int) -> str:
+    """Load the model on this worker (once) and return the worker's address."""
     registry = engines()
-    if _key(agent) not in registry:
-        registry[_key(agent)] = HFBackend(model_dir, version=version)
+    if _key(key) not in registry:
+        registry[_key(key)] = HFBackend(model_dir, version=version)
     return worker_address()
 
 
-def replica(agent: str) -> HFBackend:
+def replica(key: str) -> HFBackend:
     try:
-        return engines()[_key(agent)]
+        return engines()[_key(key)]
     except KeyError:
         raise RuntimeError(
-            f"no rollout replica of agent {agent!r} on worker {worker_address()}: it was never started "
-            "or the worker restarted"
+            f"no rollout replica {key!r} on worker {worker_address()}: it was never started or the worker restarted"
         ) from None
 
 
-def generate(agent: str, requests: list[GenerationRequest]) -> list[GenerationResult]:
-    return replica(agent).generate(requests)
+def generate(key: str, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    return replica(key).generate(requests)
 
 
-def load_weights(agent: str, version: int, state: dict[str, torch.Tensor]) -> int:
+def load_weights(key: str, version: int, state: dict[str, torch.Tensor]) -> int:
     """Apply a version-tagged weight update; returns the replica's version afterwards."""
-    backend = replica(agent)
+    backend = replica(key)
     if version <= backend.version:
         return backend.version  # a re-run of an update already applied: nothing to do
     try:
-        backend.update_weights(WeightUpdate(agent, version, state))
+        backend.update_weights(WeightUpdate(key, version, state))
     except WeightSyncError as exc:
         raise WeightSyncError(f"replica on {worker_address()}: {exc}") from None
     return backend.version

@@ -7,7 +7,7 @@ from collections import defaultdict
 import pyarrow as pa
 
 from flexmarl.meg.spec import MEGSpec
-from flexmarl.rollout.engine import Episode
+from flexmarl.rollout.episodes import Episode
 from flexmarl.training.losses import group_advantages
 from flexmarl.workloads.registry import REWARDS
 from flexmarl.workloads.rewards import RewardInput
@@ -47,7 +47,7 @@ def score(episodes: list[Episode], spec: MEGSpec, *, adv_eps: float) -> None:
             out.advantage = adv
 
 
-def sample_rows(episodes: list[Episode], agent: str, *, policy_version: int) -> pa.Table:
+def sample_rows(episodes: list[Episode], agent: str) -> pa.Table:
     created = now()
     rows = []
     for ep in episodes:
@@ -64,7 +64,7 @@ def sample_rows(episodes: list[Episode], agent: str, *, policy_version: int) -> 
                 "node": out.node,
                 "agent": agent,
                 "step": ep.step,
-                "policy_version": policy_version,
+                "policy_version": out.result.policy_version,
                 "prompt_ids": out.prompt_ids,
                 "response_ids": out.result.response_ids,
                 "logprobs": out.result.logprobs,

@@ -24,5 +24,7 @@ class TrainerConfig(Strict):
     """Samples per forward/backward; gradients accumulate over the agent's global batch."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Gradient clipping norm; null turns clipping off."""
+    is_cap: float = Field(2.0, gt=0)
+    """Cap of the importance weight current/behaviour policy for stale samples (``max_staleness`` > 0)."""
     adv_eps: float = Field(1e-6, gt=0)
     """Added to the group's reward standard deviation when normalising advantages."""

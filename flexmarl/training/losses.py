@@ -1,13 +1,12 @@
 """Pure loss functions of the GRPO family: advantages and the clipped policy loss.
 
-Normalisers are passed in, computed once over the agent's whole global batch, so that the sum of the
-micro-batch losses equals the full-batch loss and accumulated gradients equal the full-batch gradient.
+Micro-batch losses are sums; the accumulated gradient is divided once by a normaliser of the agent's
+whole global batch, so that it equals the full-batch gradient (a float64 test checks this to 1e-10).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -28,51 +27,52 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[str], *, eps: fl
     return out.tolist()
 
 
-@dataclass(frozen=True)
-class BatchNorm:
-    """Sizes of the agent's whole global batch, for exact micro-batch accumulation."""
-
-    num_sequences: int
-    num_tokens: int
+def _grpo_sum(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # each response's mean token loss, summed over responses; later divided by the number of responses
+    return ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum()
 
 
-def _grpo_reduce(token_loss: torch.Tensor, mask: torch.Tensor, norm: BatchNorm) -> torch.Tensor:
-    # mean over each response's tokens, then mean over the global batch's responses
-    per_seq = (token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    return per_seq.sum() / norm.num_sequences
+def _dapo_sum(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # every token's loss, summed; later divided by the number of response tokens
+    return (token_loss * mask).sum()
 
 
-def _dapo_reduce(token_loss: torch.Tensor, mask: torch.Tensor, norm: BatchNorm) -> torch.Tensor:
-    # mean over every response token of the global batch
-    return (token_loss * mask).sum() / norm.num_tokens
-
-
-REDUCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, BatchNorm], torch.Tensor]] = {
-    "grpo": _grpo_reduce,
-    "dapo": _dapo_reduce,
+# loss_type -> (sum over a micro-batch, normaliser of the global batch from (responses, tokens))
+LOSS_TYPES: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], Callable[[int, int], int]]] = {
+    "grpo": (_grpo_sum, lambda responses, tokens: responses),
+    "dapo": (_dapo_sum, lambda responses, tokens: tokens),
 }
+
+
+def batch_normaliser(loss_type: str, *, responses: int, tokens: int) -> int:
+    """What the summed micro-batch losses are divided by, once the global batch is known."""
+    return max(LOSS_TYPES[loss_type][1](responses, tokens), 1)
 
 
 def policy_loss(
     logprobs: torch.Tensor,  # (B, T) log-probs of the response tokens under the current weights
-    old_logprobs: torch.Tensor,  # (B, T) log-probs under the weights that sampled them
+    old_logprobs: torch.Tensor,  # (B, T) log-probs under the weights the ratio is taken against
     advantages: torch.Tensor,  # (B,)
     mask: torch.Tensor,  # (B, T) 1 for response tokens, 0 for padding
     *,
-    norm: BatchNorm,
     clip_eps: float,
     loss_type: str,
+    is_weights: torch.Tensor | None = None,  # (B, T) importance weights for stale samples; None = 1
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip surrogate with GRPO advantages, reduced as ``loss_type`` says.
+    """PPO-clip surrogate with GRPO advantages, summed over a micro-batch as ``loss_type`` says.
 
-    Returns the loss of this micro-batch (already scaled to its share of the global batch) and stats.
+    The sum is not yet normalised: the caller divides the accumulated gradient by
+    ``batch_normaliser(...)`` of the whole global batch, so micro-batches add up to the full-batch
+    gradient even when the global batch's size is known only at its end (pipelined training).
     """
     ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
     adv = advantages.unsqueeze(-1)  # (B, 1)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
     token_loss = -torch.minimum(unclipped, clipped)  # (B, T)
-    loss = REDUCTIONS[loss_type](token_loss, mask, norm)
+    if is_weights is not None:
+        token_loss = token_loss * is_weights
+    loss = LOSS_TYPES[loss_type][0](token_loss, mask)
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         stats = {

@@ -1,8 +1,9 @@
 """One agent's trainer: its own weights and optimizer, one GRPO update per global batch.
 
-The trainer knows nothing of Dask, Prefect or the store: it takes a ``TrainBatch`` and returns an
-``UpdateResult``. Micro-batches run forward/backward in a fixed order and accumulate gradients; one
-optimizer step and one version bump follow per global batch.
+The trainer knows nothing of Dask, Prefect or the store. ``accumulate`` runs forward/backward on one
+micro-batch and adds to the gradient; ``finish_step`` divides the gradient by the global batch's
+normaliser and takes one optimizer step and one version bump. Micro-batches can thus arrive one by one while
+the rest of the batch is still being generated, and the update equals the full-batch update.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from accelerate import Accelerator
 
 from flexmarl.models.loading import load_model
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.losses import BatchNorm, policy_loss
+from flexmarl.training.losses import batch_normaliser, policy_loss
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,9 @@ class TrainBatch:
     sample_ids: list[str]
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
-    logprobs: list[list[float]]
+    logprobs: list[list[float]]  # behaviour log-probs, from the rollout
     advantages: list[float]
+    versions: list[int]  # policy version that generated each sample
 
     @classmethod
     def from_arrow(cls, rows: pa.Table) -> TrainBatch:
@@ -40,6 +42,7 @@ class TrainBatch:
             response_ids=rows["response_ids"].to_pylist(),
             logprobs=rows["logprobs"].to_pylist(),
             advantages=rows["advantage"].to_pylist(),
+            versions=rows["policy_version"].to_pylist(),
         )
 
     def __len__(self) -> int:
@@ -56,7 +59,7 @@ class TrainBatch:
 @dataclass(frozen=True)
 class UpdateResult:
     agent: str
-    policy_version: int  # the version the update produced (unchanged when skipped)
+    policy_version: int  # the version after the update (advanced even when skipped: batches are counted)
     consumed_ids: list[str]
     num_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)
@@ -120,46 +123,89 @@ class AgentTrainer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
 
-    def train_step(self, batch: TrainBatch) -> UpdateResult:
-        """Accumulate gradients over the batch's micro-batches, then take one optimizer step."""
-        if len(batch) == 0:
-            raise ValueError(f"agent {self.agent!r}: empty batch for update to v{self.version + 1}")
-        norm = BatchNorm(num_sequences=len(batch), num_tokens=batch.num_tokens)
-        size = self.config.micro_batch_size
-        total_loss, stats_sum, n_micro = 0.0, {"clipfrac": 0.0, "ratio_mean": 0.0}, 0
+    def begin_step(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(batch), size):
-            micro = batch.slice(start, start + size)
-            logp, mask = response_logprobs(self.model, micro, self.temperature, self.accelerator.device)
-            old = torch.zeros_like(logp)
-            for i, lp in enumerate(micro.logprobs):
-                old[i, : len(lp)] = torch.tensor(lp)
-            loss, stats = policy_loss(
-                logp,
-                old,
-                torch.tensor(micro.advantages, dtype=logp.dtype, device=logp.device),
-                mask,
-                norm=norm,
-                clip_eps=self.config.clip_eps,
-                loss_type=self.config.loss_type,
-            )
-            self.accelerator.backward(loss)
-            total_loss += float(loss.detach())
-            n_micro += 1
-            for k, v in stats.items():
-                stats_sum[k] += v
-        metrics = {"loss/policy": total_loss, "micro_batches": float(n_micro)}
-        metrics.update({f"policy/{k}": v / n_micro for k, v in stats_sum.items()})
-        if not math.isfinite(total_loss):
-            self.optimizer.zero_grad(set_to_none=True)  # a NaN update must not touch the weights
-            return UpdateResult(self.agent, self.version, [], batch.num_tokens, metrics, skipped=True)
+        # Gradients add up in float64, so that the sum does not depend on the order in which
+        # micro-batches arrive (pipelined and synchronous schedules then give the same weights).
+        self._grad_sum = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in self.model.named_parameters()}
+        self._consumed: list[str] = []
+        self._responses = self._tokens = 0
+        self._loss_sum = 0.0
+        self._stats = {"clipfrac": 0.0, "ratio_mean": 0.0, "stale_fraction": 0.0}
+        self._micro = 0
+
+    def accumulate(self, batch: TrainBatch) -> dict[str, float]:
+        """Forward/backward on one micro-batch at the current weights; adds to the step's gradient."""
+        if not hasattr(self, "_consumed"):
+            self.begin_step()
+        if len(batch) == 0:
+            return {}
+        device = self.accelerator.device
+        logp, mask = response_logprobs(self.model, batch, self.temperature, device)  # (B, T)
+        behaviour = torch.zeros_like(logp)
+        for i, lp in enumerate(batch.logprobs):
+            behaviour[i, : len(lp)] = torch.tensor(lp)
+        # Samples from an older version (opt-in staleness): clip against the current weights (the
+        # proximal policy) and correct with capped importance weights current/behaviour (decoupled PPO).
+        stale = torch.tensor([v < self.version for v in batch.versions], device=device).unsqueeze(-1)  # (B, 1)
+        old = torch.where(stale, logp.detach(), behaviour)
+        is_weights = None
+        if bool(stale.any()):
+            ratio_to_behaviour = torch.exp(logp.detach() - behaviour).clamp(max=self.config.is_cap)
+            is_weights = torch.where(stale, ratio_to_behaviour, torch.ones_like(logp))
+        loss, stats = policy_loss(
+            logp, old, torch.tensor(batch.advantages, dtype=logp.dtype, device=device), mask,
+            clip_eps=self.config.clip_eps, loss_type=self.config.loss_type, is_weights=is_weights,
+        )
+        self.accelerator.backward(loss)
+        for name, p in self.model.named_parameters():
+            if p.grad is not None:
+                self._grad_sum[name] += p.grad
+        self.optimizer.zero_grad(set_to_none=True)
+        self._loss_sum += float(loss.detach())
+        self._consumed += batch.sample_ids
+        self._responses += len(batch)
+        self._tokens += batch.num_tokens
+        self._micro += 1
+        stats["stale_fraction"] = float(stale.float().mean())
+        for k, v in stats.items():
+            self._stats[k] += v
+        return stats
+
+    def finish_step(self) -> UpdateResult:
+        """Divide the accumulated gradient by the global batch's normaliser; one optimizer step."""
+        if not getattr(self, "_consumed", None):
+            raise ValueError(f"agent {self.agent!r}: no micro-batch accumulated for the update to v{self.version + 1}")
+        norm = batch_normaliser(self.config.loss_type, responses=self._responses, tokens=self._tokens)
+        for name, p in self.model.named_parameters():
+            p.grad = (self._grad_sum[name] / norm).to(p.dtype)
+        del self._grad_sum
+        metrics = {"loss/policy": self._loss_sum / norm, "micro_batches": float(self._micro)}
+        metrics.update({f"policy/{k}": v / self._micro for k, v in self._stats.items()})
+        consumed, tokens = self._consumed, self._tokens
+        del self._consumed
+        if not math.isfinite(metrics["loss/policy"]):
+            # A NaN update must not touch the weights. The version still advances, so that versions keep
+            # counting global batches: the batch is spent, and the skip is reported.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+            return UpdateResult(self.agent, self.version, [], tokens, metrics, skipped=True)
         if self.config.max_grad_norm is not None:
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
             metrics["grad_norm"] = float(grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        return UpdateResult(self.agent, self.version, list(batch.sample_ids), batch.num_tokens, metrics)
+        return UpdateResult(self.agent, self.version, consumed, tokens, metrics)
+
+    def train_step(self, batch: TrainBatch) -> UpdateResult:
+        """A whole global batch at once: micro-batches of ``micro_batch_size`` in order, then one step."""
+        if len(batch) == 0:
+            raise ValueError(f"agent {self.agent!r}: empty batch for update to v{self.version + 1}")
+        self.begin_step()
+        for start in range(0, len(batch), self.config.micro_batch_size):
+            self.accumulate(batch.slice(start, start + self.config.micro_batch_size))
+        return self.finish_step()
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Detached copies of the weights, on the CPU, for a weight sync."""

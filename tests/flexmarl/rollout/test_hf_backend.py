@@ -34,3 +34,15 @@ def test_weight_update_is_validated_before_it_is_applied(tiny_dir) -> None:
     backend.update_weights(WeightUpdate("a", 1, changed))
     assert backend.version == 1
     assert torch.equal(backend.model.state_dict()[name], changed[name])
+
+
+def test_a_response_depends_on_its_seed_not_on_its_batch(tiny_dir) -> None:
+    backend = HFBackend(tiny_dir)
+    target = GenerationRequest("t", [257, 70, 71, 72], 12, 1.0, seed=42)
+    others = [GenerationRequest(f"o{i}", [257] + [80 + i] * (i + 1), 12, 1.0, seed=i) for i in range(5)]
+    alone = backend.generate([target])[0]
+    batched = {r.request_id: r for r in backend.generate(others[:2] + [target] + others[2:])}["t"]
+    assert batched.response_ids == alone.response_ids
+    assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    reseeded = backend.generate([GenerationRequest("t", target.prompt_ids, 12, 1.0, seed=43)])[0]
+    assert reseeded.response_ids != alone.response_ids

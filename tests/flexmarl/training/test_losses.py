@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from flexmarl.training.losses import BatchNorm, group_advantages, policy_loss
+from flexmarl.training.losses import batch_normaliser, group_advantages, policy_loss
 
 
 def test_group_advantages_match_a_plain_loop() -> None:
@@ -29,7 +29,8 @@ def test_grpo_loss_by_hand() -> None:
     old = torch.zeros_like(logp)
     adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
-    loss, stats = policy_loss(logp, old, adv, mask, norm=BatchNorm(2, 3), clip_eps=0.2, loss_type="grpo")
+    loss, stats = policy_loss(logp, old, adv, mask, clip_eps=0.2, loss_type="grpo")
+    loss = loss / batch_normaliser("grpo", responses=2, tokens=3)
     # response 1 (A=+1): min(r, clip(r)) -> exp(0.1)=1.105 (inside), exp(-0.5)=0.607 (clip only bounds from
     # above for A>0, min picks 0.607); response 2 (A=-2): min(-2*1.35, -2*1.2) = -2.70
     t11, t12 = -math.exp(0.1), -math.exp(-0.5)
@@ -38,8 +39,13 @@ def test_grpo_loss_by_hand() -> None:
     assert float(loss) == pytest.approx(expected)
     assert stats["clipfrac"] == pytest.approx(2 / 3)  # 0.607 and 1.35 are outside [0.8, 1.2]
 
-    dapo, _ = policy_loss(logp, old, adv, mask, norm=BatchNorm(2, 3), clip_eps=0.2, loss_type="dapo")
-    assert float(dapo) == pytest.approx((t11 + t12 + t21) / 3)
+    dapo, _ = policy_loss(logp, old, adv, mask, clip_eps=0.2, loss_type="dapo")
+    assert float(dapo) / batch_normaliser("dapo", responses=2, tokens=3) == pytest.approx((t11 + t12 + t21) / 3)
+
+    # importance weights scale each token's loss
+    weights = torch.tensor([[2.0, 1.0], [0.5, 1.0]], dtype=torch.float64)
+    weighted, _ = policy_loss(logp, old, adv, mask, clip_eps=0.2, loss_type="dapo", is_weights=weights)
+    assert float(weighted) == pytest.approx(2 * t11 + t12 + 0.5 * t21)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
@@ -51,15 +57,22 @@ def test_micro_batch_gradients_equal_the_full_batch_gradient(loss_type: str) -> 
     adv = torch.randn(batch, dtype=torch.float64)
     lengths = torch.tensor([5, 3, 1, 4, 5, 2, 3])
     mask = (torch.arange(width) < lengths.unsqueeze(1)).double()
-    norm = BatchNorm(batch, int(mask.sum()))
+    norm = batch_normaliser(loss_type, responses=batch, tokens=int(mask.sum()))
 
-    full, _ = policy_loss(logits * 0.1, old, adv, mask, norm=norm, clip_eps=0.2, loss_type=loss_type)
+    # the full-batch loss, written out directly: mean of per-response means (grpo) or token mean (dapo)
+    ratio = torch.exp(logits * 0.1 - old)
+    token = -torch.minimum(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None])
+    if loss_type == "grpo":
+        full = ((token * mask).sum(-1) / mask.sum(-1)).mean()
+    else:
+        full = (token * mask).sum() / mask.sum()
     (g_full,) = torch.autograd.grad(full, logits)
 
     g_acc = torch.zeros_like(logits)
     for start in range(0, batch, 3):  # uneven micro-batches: 3, 3, 1
         sl = slice(start, start + 3)
-        part, _ = policy_loss(logits[sl] * 0.1, old[sl], adv[sl], mask[sl], norm=norm, clip_eps=0.2, loss_type=loss_type)
+        part, _ = policy_loss(logits[sl] * 0.1, old[sl], adv[sl], mask[sl], clip_eps=0.2, loss_type=loss_type)
         (g,) = torch.autograd.grad(part, logits)
         g_acc += g
+    g_acc /= norm  # divided once, when the global batch is complete
     assert torch.max(torch.abs(g_acc - g_full)) < 1e-10

@@ -1,0 +1,134 @@
+"""`flexmarl bench pipeline`: the schedules one after the other on one cluster, model, data and seed.
+
+It drives the engine on Dask directly (no Prefect), so it also runs on a machine with only torch,
+pyarrow, dask and deltalake. Every mode starts from the same weights and samples with the same per-request
+seeds, so with staleness 0 the trained weights of ``flexmarl`` must equal those of ``sync``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from flexmarl.bench.timeline import draw_timeline
+from flexmarl.cluster.config import ClusterConfig
+from flexmarl.cluster.local import open_cluster
+from flexmarl.config import RunConfig, load_config
+from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+
+# Each mode is a set of overrides of the same workload.
+MODES: dict[str, list[str]] = {
+    "sync": ["train.mode=sync", "rollout.load_balance=false"],
+    "flexmarl": ["train.mode=flexmarl"],
+    "no-lb": ["train.mode=flexmarl", "rollout.load_balance=false"],
+    "no-pipeline": ["train.mode=flexmarl", "train.pipeline=false"],
+    "stale1": ["train.mode=flexmarl", "train.max_staleness=1"],
+}
+
+
+def step_times(result: PipelineResult, steps: int) -> list[float]:
+    """Seconds from one step's last agent update to the next's (the first from the start)."""
+    ends = []
+    for s in range(steps):
+        done = [u.finished_at for u in result.updates if u.step == s]
+        ends.append(max(done) if done else float("nan"))
+    return [b - a for a, b in zip([0.0] + ends[:-1], ends, strict=True)]
+
+
+def run_mode(cfg: RunConfig, run_dir: Path, address: str) -> tuple[PipelineResult, dict]:
+    run_id, store_uri = prepare_run(cfg, run_dir)
+    runtime = Runtime(RunContext(run_id, str(run_dir.resolve()), store_uri, address), cfg)
+    try:
+        runtime.start_engines()
+        result = runtime.run()
+        weights = {agent: runtime.weights(agent) for agent in cfg.agents}
+    finally:
+        runtime.close()
+    return result, weights
+
+
+def bench_pipeline(
+    *,
+    out_dir: Path,
+    modes: Sequence[str],
+    steps: int,
+    workload: str = "fan_out",
+    config: Path | None = None,
+    overrides: Sequence[str] = (),
+    cluster: ClusterConfig | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Run ``modes`` in order and write ``out_dir/bench.json``, ``timeline_<mode>.png`` and ``report.md``."""
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; choose from {sorted(MODES)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def mode_config(mode: str) -> RunConfig:
+        extra = [*overrides, *MODES[mode], f"train.steps={steps}"]
+        return load_config(config, overrides=extra) if config else load_config(preset=workload, overrides=extra)
+
+    cluster = cluster or mode_config(modes[0]).cluster
+    report: dict = {"workload": str(config or workload), "steps": steps, "modes": {}}
+    weights: dict[str, dict] = {}
+    with open_cluster(cluster) as address:
+        for mode in modes:
+            log(f"mode {mode}: running {steps} steps")
+            t0 = time.perf_counter()
+            result, weights[mode] = run_mode(mode_config(mode), out_dir / mode, address)
+            report["workers"] = len(result.workers)
+            per_agent = {}
+            for u in result.updates:
+                a = per_agent.setdefault(u.agent, {"updates": 0, "samples": 0, "tokens": 0, "finished_at": []})
+                a["updates"] += 1
+                a["samples"] += u.samples
+                a["tokens"] += u.tokens
+                a["finished_at"].append(round(u.finished_at, 3))
+            report["modes"][mode] = {
+                "wall_s": result.wall_s,
+                "setup_s": time.perf_counter() - t0 - result.wall_s,
+                "step_s": step_times(result, steps),
+                "samples": sum(a["samples"] for a in per_agent.values()),
+                "tokens": result.tokens,
+                "utilization": result.utilization(),
+                "per_agent": per_agent,
+            }
+            draw_timeline(result, out_dir / f"timeline_{mode}.png", title=mode)
+            log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}")
+
+    if "sync" in report["modes"]:
+        base = report["modes"]["sync"]["wall_s"]
+        report["speedup_vs_sync"] = {m: base / r["wall_s"] for m, r in report["modes"].items()}
+    if "sync" in weights and "flexmarl" in weights:
+        diff = max(
+            float((weights["sync"][a][k] - weights["flexmarl"][a][k]).abs().max())
+            for a in weights["sync"] for k in weights["sync"][a]
+        )
+        report["max_abs_weight_diff"] = diff
+        report["weights_match_sync"] = diff <= 1e-5
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "report.md").write_text(markdown_table(report))
+    return report
+
+
+def markdown_table(report: dict) -> str:
+    lines = [
+        f"# Pipeline benchmark: {report['workload']}, {report['steps']} steps, {report.get('workers')} workers",
+        "",
+        "| mode | wall s | speedup vs sync | utilisation | samples | tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode, r in report["modes"].items():
+        speedup = report.get("speedup_vs_sync", {}).get(mode)
+        lines.append(
+            f"| {mode} | {r['wall_s']:.2f} | {'-' if speedup is None else f'{speedup:.2f}x'} | "
+            f"{r['utilization']:.0%} | {r['samples']} | {r['tokens']} |"
+        )
+    if "weights_match_sync" in report:
+        lines += ["", f"weights_match_sync: {report['weights_match_sync']} "
+                      f"(max abs diff {report['max_abs_weight_diff']:.2e})"]
+    lines += ["", *[f"![{m}](timeline_{m}.png)" for m in report["modes"]]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,368 @@
+"""The micro-batch driven asynchronous pipeline: executes a ``SchedulePolicy`` on Dask.
+
+One event loop in the driver keeps every worker fed. It submits generation batches to rollout replicas,
+scores finished episodes, commits each agent's complete micro-batches to the store, submits them to the
+agent's trainer, and after the last micro-batch of a global batch runs the optimizer step, records the
+update and syncs the new weights to the agent's replicas. What may run when is decided by the policy; this
+module only carries it out and records a timeline of every worker's busy time.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow.compute as pc
+from distributed import Client, Future
+
+from flexmarl.cluster.worker_state import timed_call
+from flexmarl.config import RunConfig
+from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
+from flexmarl.rollout import replica as replica_fns
+from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
+from flexmarl.rollout.episodes import Episode, EpisodeGraph, request_seed
+from flexmarl.rollout.scoring import episode_rows, sample_rows, score
+from flexmarl.training import slot
+from flexmarl.workloads.datasets import TaskStream
+from storage.schema import SampleStatus
+from storage.store import ExperienceStore
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of work on one worker, for the timeline picture and utilisation."""
+
+    worker: str
+    kind: str  # "rollout", "train" or "sync"
+    agent: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class UpdateEvent:
+    agent: str
+    step: int
+    policy_version: int
+    samples: int
+    tokens: int
+    mean_reward: float | None
+    metrics: dict[str, float]
+    finished_at: float  # seconds since the pipeline started
+    skipped: bool = False
+
+
+@dataclass
+class PipelineResult:
+    start: float  # wall-clock time the pipeline started
+    wall_s: float
+    spans: list[Span]
+    updates: list[UpdateEvent]
+    workers: list[str]
+    tokens: int  # response tokens generated
+
+    def utilization(self) -> float:
+        """Busy worker-seconds over total worker-seconds."""
+        busy = sum(s.end - s.start for s in self.spans)
+        return busy / (len(self.workers) * self.wall_s) if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class Replica:
+    agent: str
+    worker: str
+    version: int
+    busy: bool = False
+    outstanding_tokens: int = 0
+
+
+@dataclass
+class MicroBatch:
+    agent: str
+    step: int
+    index: int
+    queries: set[int]  # query indices whose groups it holds
+    done_queries: set[int] = field(default_factory=set)
+    sample_ids: list[str] = field(default_factory=list)  # rewarded samples: what the trainer consumes
+    delta_version: int | None = None
+    trained: bool = False
+
+    @property
+    def committed(self) -> bool:
+        return self.delta_version is not None
+
+
+@dataclass
+class StepState:
+    step: int
+    episodes: list[Episode]
+    groups: dict[int, list[Episode]]  # query index -> its episodes
+    query_of: dict[str, int]  # input id -> query index
+    finished_nodes: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # layer -> count
+
+
+class PipelineRunner:
+    """Runs ``cfg.train.steps`` updates of every agent under ``policy``.
+
+    Args:
+        client: Dask client of the cluster that holds the engines.
+        cfg: the run's config.
+        store: the run's experience store (this runner is the only writer of its sample tables).
+        run_key: prefix of the engines' registry keys on the workers.
+        tokenizers: per agent, for prompts and decoding on the driver.
+        replicas: per agent, the workers holding a replica.
+        trainers: per agent, the worker holding its trainer.
+        versions: per agent, the starting policy version.
+        tasks: the task stream.
+        on_update: called in the loop's thread after each agent update is recorded.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: Client,
+        cfg: RunConfig,
+        policy: SchedulePolicy,
+        store: ExperienceStore,
+        run_key: str,
+        tokenizers: dict,
+        replicas: dict[str, list[str]],
+        trainers: dict[str, str],
+        versions: dict[str, int],
+        tasks: TaskStream,
+        on_update: Callable[[UpdateEvent], None] | None = None,
+    ) -> None:
+        self.client, self.cfg, self.policy, self.store = client, cfg, policy, store
+        self.run_key, self.tokenizers, self.tasks, self.on_update = run_key, tokenizers, tasks, on_update
+        self.trainers = trainers
+        self.versions = dict(versions)  # trainer versions
+        self.replicas = {a: [Replica(a, w, versions[a]) for w in ws] for a, ws in replicas.items()}
+        self.graph = EpisodeGraph(cfg, tokenizers)
+        self.nodes_in_layer: dict[int, int] = defaultdict(int)
+        for node in self.graph.order:
+            self.nodes_in_layer[self.graph.layer[node]] += 1
+        self.timeout_s = cfg.rollout.request_timeout_s
+
+        self.steps: dict[int, StepState] = {}
+        self.next_step = min(self.versions.values())
+        self.waiting: dict[str, list[tuple[int, str, Episode, str]]] = {a: [] for a in cfg.agents}
+        self.micro: dict[tuple[str, int], list[MicroBatch]] = {}
+        self.complete: dict[str, set[int]] = {a: set() for a in cfg.agents}
+        self.trainer_busy: dict[str, bool] = {a: False for a in cfg.agents}
+        self.pending_syncs: dict[str, int] = {a: 0 for a in cfg.agents}
+        self.rewards: dict[tuple[str, int], list[float]] = defaultdict(list)
+        self.seq = {a: self._last_seq(f"rollout:{a}", store.samples_table(a)) for a in cfg.agents}
+        self.episode_seq = self._last_seq("rollout:episodes", "episodes")
+        self.inflight: dict[Future, tuple] = {}
+        self.finished: queue.Queue[Future] = queue.Queue()
+        self.spans: list[Span] = []
+        self.updates: list[UpdateEvent] = []
+        self.tokens = 0
+
+    # ------------------------------------------------------------------ set-up helpers
+
+    def _last_seq(self, app_id: str, table: str) -> int:
+        return self.store.open(table).transaction_version(app_id) or 0
+
+    def key(self, agent: str) -> str:
+        return f"{self.run_key}/{agent}"
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> PipelineResult:
+        self.t0 = time.time()
+        target = self.cfg.train.steps
+        while True:
+            self._admit_steps()
+            self._dispatch_generation()
+            self._dispatch_training()
+            if not self.inflight:
+                if all(v >= target for v in self.versions.values()):
+                    break
+                raise RuntimeError(f"pipeline stalled with nothing in flight (versions {self.versions})")
+            try:
+                fut = self.finished.get(timeout=self.timeout_s)
+            except queue.Empty:
+                what = sorted({f"{w[0]} {w[1]}" for w in self.inflight.values()})
+                raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}") from None
+            self._handle(fut, self.inflight.pop(fut))
+        workers = sorted(self.client.scheduler_info()["workers"])
+        return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens)
+
+    def _submit(self, worker: str, fn: Callable, *args, what: tuple) -> None:
+        fut = self.client.submit(timed_call, fn, *args, workers=[worker], allow_other_workers=False, pure=False)
+        self.inflight[fut] = what
+        fut.add_done_callback(self.finished.put)
+
+    def _handle(self, fut: Future, what: tuple) -> None:
+        value, start, end, worker = fut.result()  # re-raises a task's error here, in the driver
+        kind = what[0]
+        self.spans.append(Span(worker, {"generate": "rollout"}.get(kind, kind if kind == "sync" else "train"),
+                               what[1], start, end))
+        if kind == "generate":
+            self._on_generated(what[2], what[3], value)
+        elif kind == "train":
+            self._on_trained(what[2])
+        elif kind == "finish":
+            self._on_step_finished(what[1], what[2], value)
+        elif kind == "sync":
+            self._on_synced(what[1], what[2], what[3], value)
+
+    # ------------------------------------------------------------------ rollout
+
+    def _admit_steps(self) -> None:
+        while self.next_step not in self.steps and self.policy.admits_step(self.next_step, self.versions):
+            step = self.next_step
+            tasks = self.tasks.batch(step, self.cfg.train.queries_per_step)
+            groups = {q: [Episode(t, j, step) for j in range(self.cfg.train.group_size)] for q, t in enumerate(tasks)}
+            state = StepState(step, [ep for g in groups.values() for ep in g], groups,
+                              {t.input_id: q for q, t in enumerate(tasks)})
+            self.steps[step] = state
+            for agent in self.cfg.agents:
+                per_query = self.cfg.train.group_size * len(self.cfg.nodes_of(agent))
+                batches: dict[int, MicroBatch] = {}
+                for q in groups:
+                    i = micro_batch_of(q, per_query, self.cfg.training.micro_batch_size)
+                    batches.setdefault(i, MicroBatch(agent, step, i, set())).queries.add(q)
+                self.micro[(agent, step)] = [batches[i] for i in sorted(batches)]
+            for ep in state.episodes:
+                for node in self.graph.roots:
+                    self._enqueue(ep, node)
+            self.next_step += 1
+
+    def _enqueue(self, ep: Episode, node: str) -> None:
+        self.waiting[self.graph.agent_of[node]].append((ep.step, self.graph.sample_id(ep, node), ep, node))
+
+    def _layer_open(self, step: int, node: str) -> bool:
+        """Layered (sync) rollout: every earlier layer of the step is done for every episode."""
+        if not self.policy.layered:
+            return True
+        state = self.steps[step]
+        n = len(state.episodes)
+        return all(state.finished_nodes[k] == n * self.nodes_in_layer[k] for k in range(self.graph.layer[node]))
+
+    def _dispatch_generation(self) -> None:
+        for agent, waiting in self.waiting.items():
+            if not waiting:
+                continue
+            free = {f"{i}": r for i, r in enumerate(self.replicas[agent]) if not r.busy}
+            while free and waiting:
+                rep = free.pop(self.policy.pick_replica({k: r.outstanding_tokens for k, r in free.items()}))
+                eligible = [
+                    i for i, (step, _, _, node) in enumerate(waiting)
+                    if self.policy.may_generate(agent, step, rep.version) and self._layer_open(step, node)
+                ]
+                chosen = self.policy.pick_requests([waiting[i][:2] for i in eligible], self.cfg.rollout.max_batch_size)
+                if not chosen:
+                    continue
+                items = [waiting[eligible[c]] for c in chosen]
+                for c in sorted((eligible[c] for c in chosen), reverse=True):
+                    del waiting[c]
+                sampling = self.cfg.agents[agent].sampling
+                requests = [
+                    GenerationRequest(sid, self.graph.prompt(ep, node), sampling.max_new_tokens, sampling.temperature,
+                                      request_seed(self.cfg.train.seed, sid))
+                    for _, sid, ep, node in items
+                ]
+                rep.busy = True
+                rep.outstanding_tokens += len(requests) * sampling.max_new_tokens
+                self._submit(rep.worker, replica_fns.generate, self.key(agent), requests,
+                             what=("generate", agent, rep, [(ep, node, r.prompt_ids) for (_, _, ep, node), r
+                                                             in zip(items, requests, strict=True)]))
+
+    def _on_generated(self, rep: Replica, batch: list, results: list) -> None:
+        rep.busy = False
+        rep.outstanding_tokens = 0
+        for (ep, node, prompt_ids), result in zip(batch, results, strict=True):
+            self.tokens += len(result.response_ids)
+            state = self.steps[ep.step]
+            state.finished_nodes[self.graph.layer[node]] += 1
+            for child in self.graph.record(ep, node, prompt_ids, result):
+                self._enqueue(ep, child)
+            if self.graph.is_done(ep):
+                self._on_episode_done(state, ep)
+
+    def _on_episode_done(self, state: StepState, ep: Episode) -> None:
+        q = state.query_of[ep.task.input_id]
+        group = state.groups[q]
+        if not all(self.graph.is_done(e) for e in group):
+            return
+        score(group, self.cfg, adv_eps=self.cfg.training.adv_eps)
+        self.episode_seq += 1
+        self.store.append_episodes(episode_rows(group), app_id="rollout:episodes", seq=self.episode_seq)
+        for agent in self.cfg.agents:
+            mb = next(m for m in self.micro[(agent, state.step)] if q in m.queries)
+            mb.done_queries.add(q)
+            if mb.done_queries == mb.queries:
+                self._commit(mb, [e for qq in sorted(mb.queries) for e in state.groups[qq]])
+
+    def _commit(self, mb: MicroBatch, episodes: list[Episode]) -> None:
+        rows = sample_rows(episodes, mb.agent)
+        self.seq[mb.agent] += 1
+        commit = self.store.append_samples(mb.agent, rows, app_id=f"rollout:{mb.agent}", seq=self.seq[mb.agent])
+        mb.delta_version = commit.version
+        rewarded = rows.filter(pc.field("status") == SampleStatus.REWARDED.value)
+        mb.sample_ids = rewarded["sample_id"].to_pylist()
+        self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
+        if not mb.sample_ids:
+            mb.trained = True  # nothing to learn from (every episode failed)
+        if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
+            self.complete[mb.agent].add(mb.step)
+
+    # ------------------------------------------------------------------ training
+
+    def _dispatch_training(self) -> None:
+        for agent in self.cfg.agents:
+            step = self.versions[agent]  # the update to step + 1 consumes step's batch
+            if self.trainer_busy[agent] or (agent, step) not in self.micro:
+                continue
+            batches = self.micro[(agent, step)]
+            ready = [m for m in batches if m.committed and not m.trained]
+            if ready and self.policy.may_train(agent, step, self.complete):
+                mb = ready[0]  # oldest ready data first
+                self.trainer_busy[agent] = True
+                self._submit(self.trainers[agent], slot.accumulate, self.key(agent), self.store.root,
+                             mb.delta_version, mb.sample_ids, step, what=("train", agent, mb))
+            elif step in self.complete[agent] and all(m.trained for m in batches):
+                self.trainer_busy[agent] = True
+                self._submit(self.trainers[agent], slot.finish_step, self.key(agent), what=("finish", agent, step))
+
+    def _on_trained(self, mb: MicroBatch) -> None:
+        mb.trained = True
+        self.trainer_busy[mb.agent] = False
+
+    def _on_step_finished(self, agent: str, step: int, result) -> None:
+        batches = self.micro.pop((agent, step))
+        rewards = self.rewards.pop((agent, step), [])
+        # The consumption record and the version bump are one commit. A skipped (NaN) update is recorded
+        # too, consuming nothing, so that versions stay contiguous.
+        self.store.record_update(
+            agent, result.policy_version, result.consumed_ids,
+            samples_version=max(m.delta_version for m in batches), num_tokens=result.num_tokens,
+            metrics={**result.metrics, "skipped": float(result.skipped)},
+        )
+        self.versions[agent] = result.policy_version
+        event = UpdateEvent(
+            agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens,
+            sum(rewards) / len(rewards) if rewards else None, result.metrics, time.time() - self.t0, result.skipped,
+        )
+        self.updates.append(event)
+        weights = self.client.submit(slot.weights, self.key(agent), workers=[self.trainers[agent]],
+                                     allow_other_workers=False, pure=False)
+        for rep in self.replicas[agent]:
+            self.pending_syncs[agent] += 1
+            self._submit(rep.worker, replica_fns.load_weights, self.key(agent), step + 1, weights,
+                         what=("sync", agent, rep, step + 1))
+        if self.on_update is not None:
+            self.on_update(event)
+
+    def _on_synced(self, agent: str, rep: Replica, version: int, applied: int) -> None:
+        if applied != version:
+            raise WeightSyncError(f"replica {rep.worker} of agent {agent!r} reports v{applied} after a sync to v{version}")
+        rep.version = version
+        self.pending_syncs[agent] -= 1
+        if self.pending_syncs[agent] == 0:
+            self.trainer_busy[agent] = False

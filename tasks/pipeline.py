@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.runtime import RunContext, Runtime
+
+
+@task(name="rollout-and-train", cache_policy=NO_CACHE, cache_result_in_memory=False)
+def run_pipeline(ctx: RunContext) -> PipelineResult:
+    """The whole rollout stream and every agent's micro-batch training, on Dask, for ``train.steps`` steps.
+
+    Generation batches and micro-batches are plain Dask tasks inside; each agent update it finishes is
+    published by the flow as its own ``agent-update`` task run.
+    """
+    return Runtime.get(ctx).run()

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
+
+
+def policy(mode: str = "flexmarl", *, pipeline: bool = True, k: int = 0) -> SchedulePolicy:
+    return SchedulePolicy(mode=mode, steps=3, pipeline=pipeline, max_staleness={"a": k, "b": k})
+
+
+def test_sync_admits_a_step_only_when_every_agent_is_at_it() -> None:
+    p = policy("sync")
+    assert p.admits_step(0, {"a": 0, "b": 0})
+    assert not p.admits_step(1, {"a": 1, "b": 0})
+    assert p.admits_step(1, {"a": 1, "b": 1})
+    assert not p.admits_step(3, {"a": 3, "b": 3})  # past the last step
+
+
+def test_flexmarl_admits_a_step_as_soon_as_one_agent_may_generate_it() -> None:
+    p = policy()
+    assert p.admits_step(1, {"a": 1, "b": 0})
+    assert not p.admits_step(2, {"a": 1, "b": 0})
+    assert policy(k=1).admits_step(2, {"a": 1, "b": 0})
+
+
+def test_staleness_bound_is_enforced_on_generation() -> None:
+    assert policy().may_generate("a", 2, 2)
+    assert not policy().may_generate("a", 2, 1)
+    assert policy(k=1).may_generate("a", 2, 1)
+    assert not policy(k=1).may_generate("a", 3, 1)
+    assert not policy(k=5).may_generate("a", 1, 2)  # never ahead of the batch it feeds
+
+
+def test_when_a_micro_batch_may_train() -> None:
+    complete = {"a": {0}, "b": set()}
+    assert policy().may_train("b", 0, complete)  # pipelined: at once
+    assert not policy(pipeline=False).may_train("b", 0, complete)  # no-pipeline: the agent's whole batch
+    assert policy(pipeline=False).may_train("a", 0, complete)
+    assert not policy("sync").may_train("a", 0, complete)  # sync: every agent's whole batch
+    assert policy("sync").may_train("a", 0, {"a": {0}, "b": {0}})
+
+
+def test_intra_agent_routing_and_request_order() -> None:
+    assert SchedulePolicy.pick_replica({"r1": 40, "r0": 10, "r2": 10}) == "r0"
+    waiting = [(2, "x"), (1, "b"), (1, "a"), (3, "c")]
+    assert SchedulePolicy.pick_requests(waiting, 3) == [2, 1, 0]  # oldest step, then sample id
+
+
+def test_micro_batches_are_whole_groups_of_consecutive_queries() -> None:
+    # 4 samples per query (group 4, one node), micro-batch 8 -> two queries per micro-batch
+    assert [micro_batch_of(q, 4, 8) for q in range(5)] == [0, 0, 1, 1, 2]
+    # a group larger than the micro-batch still stays whole
+    assert [micro_batch_of(q, 12, 8) for q in range(3)] == [0, 1, 2]

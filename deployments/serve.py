@@ -15,9 +15,10 @@ import yaml
 from prefect import serve
 from prefect.schedules import Cron
 
+from flows.evaluate import evaluate_run
 from flows.train import train_run
 
-FLOWS = {"flows/train.py:train_run": train_run}
+FLOWS = {"flows/train.py:train_run": train_run, "flows/evaluate.py:evaluate_run": evaluate_run}
 
 
 def deployments_from_yaml(path: Path, names: set[str] | None = None) -> list:

@@ -38,6 +38,8 @@ def publish_update(event: UpdateEvent) -> dict:
         "samples": event.samples,
         "tokens": event.tokens,
         "at_s": round(event.finished_at, 2),
+        "staleness": event.staleness,
+        "queue_depth": event.queue_depth,
         **{k: round(v, 6) for k, v in event.metrics.items()},
     }
     reward = "-" if event.mean_reward is None else f"{event.mean_reward:.3f}"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # its telemetry writes race on SQLite
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(1)

@@ -18,3 +18,10 @@ class ClusterConfig(Strict):
     """Per-worker memory limit of the LocalCluster (Dask syntax, e.g. '6GiB')."""
     connect_timeout_s: float = Field(60.0, gt=0)
     """How long to wait for the scheduler and its workers."""
+    worker_resources: dict[str, float] = {}
+    """Dask resources every LocalCluster worker offers (e.g. ``{GPU: 1}``); existing clusters declare their own
+    (``dask worker --resources "GPU=1"``)."""
+    rollout_resource: str | None = None
+    """Only workers offering this Dask resource host rollout replicas (e.g. 'rollout' or 'GPU'); null: any."""
+    train_resource: str | None = None
+    """Only workers offering this Dask resource host trainers (e.g. 'train' or 'GPU'); null: any."""

@@ -41,6 +41,7 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
             host="127.0.0.1",
             dashboard_address="127.0.0.1:0",  # never the shared default port 8787
             memory_limit=cfg.memory_limit,
+            resources=cfg.worker_resources or None,
             env=worker_env({**(env or {}), "OMP_NUM_THREADS": str(cfg.threads_per_worker)}),
         )
     except Exception as exc:
@@ -68,6 +69,21 @@ def connect(address: str, *, timeout_s: float, n_workers: int = 1) -> Client:
         client.close()
         raise ClusterError(f"the Dask scheduler at {address} has no workers after {timeout_s:.0f}s") from None
     return client
+
+
+def workers_offering(client: Client, resource: str | None, role: str) -> list[str]:
+    """Workers that offer ``resource`` (all when None), sorted; a resource nobody offers is an error, not a hang."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    if resource is None:
+        return sorted(info)
+    offering = sorted(w for w, i in info.items() if i.get("resources", {}).get(resource, 0) > 0)
+    if not offering:
+        offered = sorted({r for i in info.values() for r in i.get("resources", {})})
+        raise ClusterError(
+            f"no Dask worker offers resource {resource!r} for {role} (workers offer: {offered or 'none'}); "
+            f"start workers with `--resources \"{resource}=1\"` or set cluster.worker_resources"
+        )
+    return offering
 
 
 def place(agents: Sequence[str], workers: Sequence[str]) -> dict[str, str]:

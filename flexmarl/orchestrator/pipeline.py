@@ -53,6 +53,8 @@ class UpdateEvent:
     metrics: dict[str, float]
     finished_at: float  # seconds since the pipeline started
     skipped: bool = False
+    staleness: float = 0.0  # mean versions between a consumed sample's generator and the weights it updated
+    queue_depth: int = 0  # the agent's requests waiting for a replica when the update finished
 
 
 @dataclass
@@ -154,6 +156,7 @@ class PipelineRunner:
         self.trainer_busy: dict[str, bool] = {a: False for a in cfg.agents}
         self.pending_syncs: dict[str, int] = {a: 0 for a in cfg.agents}
         self.rewards: dict[tuple[str, int], list[float]] = defaultdict(list)
+        self.lags: dict[tuple[str, int], list[int]] = defaultdict(list)
         self.seq = {a: self._last_seq(f"rollout:{a}", store.samples_table(a)) for a in cfg.agents}
         self.episode_seq = self._last_seq("rollout:episodes", "episodes")
         self.inflight: dict[Future, tuple] = {}
@@ -189,7 +192,7 @@ class PipelineRunner:
                 what = sorted({f"{w[0]} {w[1]}" for w in self.inflight.values()})
                 raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}") from None
             self._handle(fut, self.inflight.pop(fut))
-        workers = sorted(self.client.scheduler_info()["workers"])
+        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens)
 
     def _submit(self, worker: str, fn: Callable, *args, what: tuple) -> None:
@@ -307,6 +310,7 @@ class PipelineRunner:
         rewarded = rows.filter(pc.field("status") == SampleStatus.REWARDED.value)
         mb.sample_ids = rewarded["sample_id"].to_pylist()
         self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
+        self.lags[(mb.agent, mb.step)] += [mb.step - v for v in rewarded["policy_version"].to_pylist()]
         if not mb.sample_ids:
             mb.trained = True  # nothing to learn from (every episode failed)
         if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
@@ -337,6 +341,7 @@ class PipelineRunner:
     def _on_step_finished(self, agent: str, step: int, result) -> None:
         batches = self.micro.pop((agent, step))
         rewards = self.rewards.pop((agent, step), [])
+        lags = self.lags.pop((agent, step), [])
         # The consumption record and the version bump are one commit. A skipped (NaN) update is recorded
         # too, consuming nothing, so that versions stay contiguous.
         self.store.record_update(
@@ -348,6 +353,7 @@ class PipelineRunner:
         event = UpdateEvent(
             agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens,
             sum(rewards) / len(rewards) if rewards else None, result.metrics, time.time() - self.t0, result.skipped,
+            sum(lags) / len(lags) if lags else 0.0, len(self.waiting[agent]),
         )
         self.updates.append(event)
         weights = self.client.submit(slot.weights, self.key(agent), workers=[self.trainers[agent]],

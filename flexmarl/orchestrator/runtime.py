@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from distributed import Client, TimeoutError as DaskTimeoutError
 
-from flexmarl.cluster.local import connect, place
+from flexmarl.cluster.local import connect, place, workers_offering
 from flexmarl.cluster.worker_state import release
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.models.loading import load_tokenizer, resolve_model
@@ -95,13 +95,17 @@ class Runtime:
         self.client: Client = connect(ctx.address, timeout_s=self.cfg.cluster.connect_timeout_s)
         self.model_dirs = {a: str(resolve_model(s.model, seed=self.cfg.train.seed)) for a, s in self.cfg.agents.items()}
         self.tokenizers = {a: load_tokenizer(Path(d)) for a, d in self.model_dirs.items()}
-        workers = sorted(self.client.scheduler_info()["workers"])
-        # Each agent's trainer lives on its home worker; with load balancing every worker also holds a
-        # replica of every agent, otherwise the agent's only replica shares its home worker.
-        self.trainers = place(list(self.cfg.agents), workers)
-        self.replicas = {
-            a: list(workers) if self.cfg.rollout.load_balance else [home] for a, home in self.trainers.items()
-        }
+        cluster = self.cfg.cluster
+        rollout_workers = workers_offering(self.client, cluster.rollout_resource, "rollout")
+        train_workers = workers_offering(self.client, cluster.train_resource, "training")
+        # Each agent's trainer lives on its home training worker. With load balancing every rollout worker
+        # holds a replica of every agent; otherwise the agent has one replica, placed round-robin.
+        self.trainers = place(list(self.cfg.agents), train_workers)
+        self.replicas = (
+            {a: list(rollout_workers) for a in self.cfg.agents}
+            if self.cfg.rollout.load_balance
+            else {a: [w] for a, w in place(list(self.cfg.agents), rollout_workers).items()}
+        )
         self.versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
         self.tasks = TaskStream(load_tasks(self.cfg.data), seed=self.cfg.data.seed)
         self.timeout_s = self.cfg.rollout.request_timeout_s

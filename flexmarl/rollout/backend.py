@@ -17,7 +17,7 @@ class GenerationRequest:
     request_id: str
     prompt_ids: list[int]
     max_new_tokens: int
-    temperature: float
+    temperature: float  # 0 decodes greedily
     seed: int
 
 

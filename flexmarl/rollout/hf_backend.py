@@ -63,10 +63,14 @@ class HFBackend:
         finished = torch.zeros(B, dtype=torch.bool)
         next_pos = positions[:, -1]
         for t in range(max_new_tokens):
-            logp = torch.log_softmax(out.logits[:, -1, :].float().cpu() / temperature, dim=-1)  # (B, V)
-            uniform = torch.stack([torch.rand(logp.shape[-1], generator=g) for g in generators])  # (B, V)
-            gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
-            step_tokens = torch.argmax(logp + gumbel, dim=-1)  # a sample of softmax(logits / T)
+            logits = out.logits[:, -1, :].float().cpu()  # (B, V)
+            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+            if temperature > 0:
+                uniform = torch.stack([torch.rand(logp.shape[-1], generator=g) for g in generators])  # (B, V)
+                gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+                step_tokens = torch.argmax(logp + gumbel, dim=-1)  # a sample of softmax(logits / T)
+            else:
+                step_tokens = torch.argmax(logp, dim=-1)  # greedy (evaluation)
             step_tokens[finished] = self.pad_id
             tokens[:, t] = step_tokens
             logprobs[:, t] = logp.gather(-1, step_tokens.unsqueeze(-1)).squeeze(-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -57,3 +58,13 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
     episodes = DeltaTable(str(run_dir / "store" / "episodes")).to_pyarrow_table()
     assert episodes.num_rows == STEPS * QUERIES * GROUP
     assert (run_dir / "report.json").exists() and (run_dir / "config.yaml").exists()
+
+    # the evaluate flow scores the latest checkpoint, greedily and so reproducibly, on unseen tasks
+    from flows.evaluate import evaluate_run
+
+    first = evaluate_run(str(run_dir), agent="solver", n=4)
+    assert first["model_dir"].endswith(f"checkpoints/solver/v{STEPS}") and first["n"] == 4
+    assert 0.0 <= first["mean_reward"] <= 1.0
+    assert evaluate_run(str(run_dir), agent="solver", n=4)["examples"] == first["examples"]
+    train_questions = {t["fields"]["question"] for t in map(json.loads, episodes["task"].to_pylist())}
+    assert not {e["question"] for e in first["examples"]} & train_questions

@@ -59,3 +59,11 @@ def test_staleness_one_is_bounded_and_corrected(tmp_path: Path, address: str) ->
         for new_version, consumed in zip(mine["policy_version"].to_pylist(), mine["consumed_ids"].to_pylist()):
             lag = [new_version - 1 - version_of[sid] for sid in consumed]
             assert consumed and all(0 <= x <= 1 for x in lag), (agent, new_version, lag)
+
+
+def test_a_resource_no_worker_offers_is_a_clear_error(address: str, tmp_path: Path) -> None:
+    from flexmarl.cluster.local import ClusterError
+
+    cfg = load_config(preset="tiny", overrides=[*SMALL, "cluster.train_resource=GPU"])
+    with pytest.raises(ClusterError, match="no Dask worker offers resource 'GPU' for training"):
+        run_mode(cfg, tmp_path / "gpu", address)

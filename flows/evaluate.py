@@ -1,0 +1,54 @@
+"""The evaluate flow: score a run's agent, at its latest checkpoint or its base model, on held-out tasks.
+
+    prefect deployment run 'flexmarl-evaluate/latest' --param run_dir=runs/default
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from flexmarl.config import load_config
+from flexmarl.models.loading import resolve_model
+from flexmarl.orchestrator.runtime import CONFIG_FILE
+from flexmarl.workloads.datasets import DataConfig, load_tasks
+from tasks.evaluate import evaluate
+
+
+def latest_checkpoint(run_dir: Path, agent: str) -> Path | None:
+    versions = sorted((run_dir / "checkpoints" / agent).glob("v*"), key=lambda p: int(p.name[1:]))
+    return versions[-1] if versions else None
+
+
+@flow(name="flexmarl-evaluate")
+def evaluate_run(
+    run_dir: str, agent: str = "solver", n: int = 64, data_path: str | None = None, base: bool = False
+) -> dict:
+    """Score ``agent`` of the run in ``run_dir`` on ``n`` held-out tasks.
+
+    Args:
+        run_dir: a run directory (its config.yaml and checkpoints/ are read).
+        agent: a root agent of the graph (one whose prompt reads only task fields).
+        n: number of held-out tasks.
+        data_path: a GSM8K-style JSONL file of held-out tasks; default: the run's reasoning-gym dataset with
+            another seed, so no task was seen in training.
+        base: score the agent's starting model instead of its latest checkpoint.
+    """
+    path = Path(run_dir).resolve()
+    cfg = load_config(path / CONFIG_FILE)
+    if agent not in cfg.agents:
+        raise ValueError(f"unknown agent {agent!r}; the run's agents are {sorted(cfg.agents)}")
+    model_dir = None if base else latest_checkpoint(path, agent)
+    model_dir = model_dir or resolve_model(cfg.agents[agent].model, seed=cfg.train.seed)
+    held_out = (
+        DataConfig(path=Path(data_path), size=n) if data_path
+        else cfg.data.model_copy(update={"seed": cfg.data.seed + 1_000_003, "size": n})
+    )
+    result = evaluate(cfg, agent, model_dir, load_tasks(held_out)[:n])
+    get_run_logger().info("%s at %s: mean reward %.3f on %d tasks", agent, model_dir, result.mean_reward, result.n)
+    summary = {"agent": agent, "model_dir": str(model_dir), "n": result.n, "mean_reward": result.mean_reward,
+               "parsed_fraction": result.parsed_fraction}
+    create_table_artifact([summary], key=f"evaluation-{agent.replace('_', '-')}", description="Held-out score")
+    return {**summary, "examples": result.examples}

@@ -53,6 +53,23 @@ class RunConfig(MEGSpec):
         self.check_templates(self.data.fields())
         return self
 
+    @model_validator(mode="after")
+    def _check_agent_training(self) -> RunConfig:
+        for agent in self.agents:
+            try:
+                self.trainer_config(agent)
+            except ValidationError as exc:
+                problems = "; ".join(describe_error(e) for e in exc.errors())
+                raise ValueError(f"agents.{agent}.training: {problems}") from None
+        return self
+
+    def trainer_config(self, agent: str) -> TrainerConfig:
+        """The agent's trainer settings: ``training`` with the agent's own ``training`` overrides."""
+        overrides = self.agents[agent].training
+        if not overrides:
+            return self.training
+        return TrainerConfig.model_validate({**self.training.model_dump(), **overrides})
+
     def samples_per_step(self, agent: str) -> int:
         """The agent's global batch: one sample per (query, group member, node of the agent)."""
         return self.train.queries_per_step * self.train.group_size * len(self.nodes_of(agent))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import string
+from typing import Any
 from graphlib import CycleError, TopologicalSorter
 
 from pydantic import Field, field_validator, model_validator
@@ -51,6 +52,8 @@ class AgentSpec(Strict):
     sampling: SamplingConfig = SamplingConfig()
     max_staleness: int | None = Field(None, ge=0)
     """This agent's staleness bound; null uses ``train.max_staleness``."""
+    training: dict[str, Any] = {}
+    """This agent's trainer settings that differ from ``training`` (e.g. ``{lr: 1e-5, kl_coef: 0.01}``)."""
 
     @field_validator("model")
     @classmethod

@@ -24,7 +24,7 @@ from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
 from flexmarl.rollout.episodes import Episode, EpisodeGraph, request_seed
-from flexmarl.rollout.scoring import episode_rows, sample_rows, score
+from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score
 from flexmarl.training import slot
 from flexmarl.workloads.datasets import TaskStream
 from storage.schema import SampleStatus
@@ -143,6 +143,7 @@ class PipelineRunner:
         self.versions = dict(versions)  # trainer versions
         self.replicas = {a: [Replica(a, w, versions[a]) for w in ws] for a, ws in replicas.items()}
         self.graph = EpisodeGraph(cfg, tokenizers)
+        self.trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
         self.nodes_in_layer: dict[int, int] = defaultdict(int)
         for node in self.graph.order:
             self.nodes_in_layer[self.graph.layer[node]] += 1
@@ -228,7 +229,7 @@ class PipelineRunner:
                 per_query = self.cfg.train.group_size * len(self.cfg.nodes_of(agent))
                 batches: dict[int, MicroBatch] = {}
                 for q in groups:
-                    i = micro_batch_of(q, per_query, self.cfg.training.micro_batch_size)
+                    i = micro_batch_of(q, per_query, self.trainer_cfg[agent].micro_batch_size)
                     batches.setdefault(i, MicroBatch(agent, step, i, set())).queries.add(q)
                 self.micro[(agent, step)] = [batches[i] for i in sorted(batches)]
             for ep in state.episodes:
@@ -293,14 +294,22 @@ class PipelineRunner:
         group = state.groups[q]
         if not all(self.graph.is_done(e) for e in group):
             return
-        score(group, self.cfg, adv_eps=self.cfg.training.adv_eps)
+        score(group, self.cfg, self.trainer_cfg)
         self.episode_seq += 1
         self.store.append_episodes(episode_rows(group), app_id="rollout:episodes", seq=self.episode_seq)
         for agent in self.cfg.agents:
-            mb = next(m for m in self.micro[(agent, state.step)] if q in m.queries)
+            batches = self.micro[(agent, state.step)]
+            mb = next(m for m in batches if q in m.queries)
             mb.done_queries.add(q)
-            if mb.done_queries == mb.queries:
-                self._commit(mb, [e for qq in sorted(mb.queries) for e in state.groups[qq]])
+            if self.trainer_cfg[agent].advantage != "agent":
+                if mb.done_queries == mb.queries:
+                    self._commit(mb, [e for qq in sorted(mb.queries) for e in state.groups[qq]])
+            elif all(m.done_queries == m.queries for m in batches):
+                # agent-wise normalisation needs the agent's whole batch: commit every micro-batch now
+                scale_by_agent([o for ep in state.episodes for o in ep.outputs.values() if o.agent == agent],
+                               eps=self.trainer_cfg[agent].adv_eps)
+                for m in batches:
+                    self._commit(m, [e for qq in sorted(m.queries) for e in state.groups[qq]])
 
     def _commit(self, mb: MicroBatch, episodes: list[Episode]) -> None:
         rows = sample_rows(episodes, mb.agent)

@@ -131,8 +131,8 @@ class Runtime:
                     workers=[worker], allow_other_workers=False, pure=False,
                 ))
             futures.append(self.client.submit(
-                slot.start_trainer, self.key(agent), model_dir, self.cfg.training, spec.sampling.temperature,
-                version, workers=[self.trainers[agent]], allow_other_workers=False, pure=False,
+                slot.start_trainer, self.key(agent), model_dir, self.cfg.trainer_config(agent),
+                spec.sampling.temperature, spec.sampling.max_new_tokens, version, workers=[self.trainers[agent]], allow_other_workers=False, pure=False,
             ))
         self._wait(futures, "starting the engines")
         return {a: {"trainer": self.trainers[a], "replicas": self.replicas[a]} for a in self.cfg.agents}

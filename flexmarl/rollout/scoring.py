@@ -7,17 +7,20 @@ from collections import defaultdict
 import pyarrow as pa
 
 from flexmarl.meg.spec import MEGSpec
-from flexmarl.rollout.episodes import Episode
-from flexmarl.training.losses import group_advantages
+from flexmarl.rollout.episodes import Episode, NodeOutput
+from flexmarl.training.config import TrainerConfig
+from flexmarl.training.losses import agent_scaled, group_advantages
 from flexmarl.workloads.registry import REWARDS
 from flexmarl.workloads.rewards import RewardInput
 from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, SampleStatus
 from storage.store import now
 
 
-def score(episodes: list[Episode], spec: MEGSpec, *, adv_eps: float) -> None:
+def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerConfig]) -> None:
     """Fill every node's reward, then its advantage within its group (same input and node).
 
+    Each agent's ``advantage`` setting says how: 'group' scales by the group's std; 'group_mean' and
+    'agent' only centre here ('agent' is scaled once the agent's whole batch is known: ``scale_by_agent``).
     A reward function that raises marks its episode failed (``episode.error``); a failed episode's
     samples keep no reward and are not trained on, and the run goes on.
     """
@@ -42,9 +45,20 @@ def score(episodes: list[Episode], spec: MEGSpec, *, adv_eps: float) -> None:
             for node, out in ep.outputs.items():
                 groups[(ep.task.input_id, node)].append(out)
     for outs in groups.values():
-        advantages = group_advantages([o.reward for o in outs], ["g"] * len(outs), eps=adv_eps)
+        trainer = trainers[outs[0].agent]
+        advantages = group_advantages(
+            [o.reward for o in outs], ["g"] * len(outs), eps=trainer.adv_eps, scale=trainer.advantage == "group"
+        )
         for out, adv in zip(outs, advantages, strict=True):
             out.advantage = adv
+
+
+def scale_by_agent(outputs: list[NodeOutput], *, eps: float) -> None:
+    """Dr. MAS: divide group-centred advantages by the std of the agent's rewards over its global batch."""
+    scored = [o for o in outputs if o.reward is not None and o.advantage is not None]
+    for out, adv in zip(scored, agent_scaled([o.advantage for o in scored], [o.reward for o in scored], eps=eps),
+                        strict=True):
+        out.advantage = adv
 
 
 def sample_rows(episodes: list[Episode], agent: str) -> pa.Table:

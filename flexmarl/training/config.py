@@ -10,11 +10,22 @@ from flexmarl.configbase import Strict
 
 
 class TrainerConfig(Strict):
-    loss_type: Literal["grpo", "dapo"] = "grpo"
-    """How token losses are averaged:
-    'grpo': mean over each response's tokens, then mean over responses (GRPO paper; long answers weigh
-    as much as short ones);
-    'dapo': mean over every token of the global batch (DAPO; each token weighs the same)."""
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
+    """How token losses are averaged over the agent's global batch:
+    'grpo': mean over each response's tokens, then mean over responses (GRPO paper; a long answer weighs
+    as much as a short one, so each of its tokens weighs less);
+    'dapo': mean over every token of the batch (DAPO; each token weighs the same);
+    'dr_grpo': sum over tokens divided by responses x max_new_tokens, a constant (Dr. GRPO; removes the
+    length bias of both)."""
+    advantage: Literal["group", "group_mean", "agent"] = "group"
+    """How rewards become advantages:
+    'group': minus the GRPO group's mean, over the group's standard deviation (GRPO);
+    'group_mean': minus the group's mean only (Dr. GRPO: no difficulty bias from the std);
+    'agent': minus the group's mean, over the standard deviation of this agent's rewards in the whole global
+    batch (Dr. MAS, agent-wise normalisation). Needs the whole batch first, so this agent's micro-batches
+    are committed when its batch is complete: no micro-batch pipelining for it."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL estimate to the frozen starting weights (a reference model in memory); 0: none."""
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)

@@ -11,10 +11,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 
-def group_advantages(rewards: Sequence[float], groups: Sequence[str], *, eps: float = 1e-6) -> list[float]:
+def group_advantages(
+    rewards: Sequence[float], groups: Sequence[str], *, eps: float = 1e-6, scale: bool = True
+) -> list[float]:
     """GRPO advantages: each reward minus its group's mean, over the group's standard deviation.
 
     The standard deviation is the unbiased one (as in TRL); a group of equal rewards gets zero advantages.
+    ``scale=False`` keeps the centring only (Dr. GRPO).
     """
     r = torch.tensor(rewards, dtype=torch.float64)
     out = torch.zeros_like(r)
@@ -22,9 +25,25 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[str], *, eps: fl
     for g in set(keys):
         idx = torch.tensor([i for i, k in enumerate(keys) if k == g])
         vals = r[idx]
-        std = vals.std() if len(vals) > 1 else torch.tensor(0.0, dtype=torch.float64)
-        out[idx] = (vals - vals.mean()) / (std + eps)
+        centred = vals - vals.mean()
+        if scale:
+            std = vals.std() if len(vals) > 1 else torch.tensor(0.0, dtype=torch.float64)
+            centred = centred / (std + eps)
+        out[idx] = centred
     return out.tolist()
+
+
+def agent_scaled(centred: Sequence[float], rewards: Sequence[float], *, eps: float = 1e-6) -> list[float]:
+    """Dr. MAS: group-centred advantages over the std of the agent's rewards in its whole global batch."""
+    r = torch.tensor(rewards, dtype=torch.float64)
+    std = r.std() if len(r) > 1 else torch.tensor(0.0, dtype=torch.float64)
+    return (torch.tensor(centred, dtype=torch.float64) / (std + eps)).tolist()
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(policy || reference): exp(d) - d - 1 with d = ref - policy; >= 0."""
+    d = ref_logprobs - logprobs
+    return torch.exp(d) - d - 1
 
 
 def _grpo_sum(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -37,16 +56,17 @@ def _dapo_sum(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (token_loss * mask).sum()
 
 
-# loss_type -> (sum over a micro-batch, normaliser of the global batch from (responses, tokens))
-LOSS_TYPES: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], Callable[[int, int], int]]] = {
-    "grpo": (_grpo_sum, lambda responses, tokens: responses),
-    "dapo": (_dapo_sum, lambda responses, tokens: tokens),
+# loss_type -> (sum over a micro-batch, normaliser of the global batch from (responses, tokens, max length))
+LOSS_TYPES: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], Callable[[int, int, int], int]]] = {
+    "grpo": (_grpo_sum, lambda responses, tokens, max_len: responses),
+    "dapo": (_dapo_sum, lambda responses, tokens, max_len: tokens),
+    "dr_grpo": (_dapo_sum, lambda responses, tokens, max_len: responses * max_len),
 }
 
 
-def batch_normaliser(loss_type: str, *, responses: int, tokens: int) -> int:
+def batch_normaliser(loss_type: str, *, responses: int, tokens: int, max_len: int = 1) -> int:
     """What the summed micro-batch losses are divided by, once the global batch is known."""
-    return max(LOSS_TYPES[loss_type][1](responses, tokens), 1)
+    return max(LOSS_TYPES[loss_type][1](responses, tokens, max_len), 1)
 
 
 def policy_loss(
@@ -58,6 +78,8 @@ def policy_loss(
     clip_eps: float,
     loss_type: str,
     is_weights: torch.Tensor | None = None,  # (B, T) importance weights for stale samples; None = 1
+    ref_logprobs: torch.Tensor | None = None,  # (B, T) under the frozen reference, when kl_coef > 0
+    kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip surrogate with GRPO advantages, summed over a micro-batch as ``loss_type`` says.
 
@@ -72,6 +94,10 @@ def policy_loss(
     token_loss = -torch.minimum(unclipped, clipped)  # (B, T)
     if is_weights is not None:
         token_loss = token_loss * is_weights
+    kl = None
+    if ref_logprobs is not None and kl_coef > 0:
+        kl = k3_kl(logprobs, ref_logprobs)  # (B, T)
+        token_loss = token_loss + kl_coef * kl
     loss = LOSS_TYPES[loss_type][0](token_loss, mask)
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
@@ -79,4 +105,6 @@ def policy_loss(
             "clipfrac": float(((unclipped != clipped).float() * mask).sum() / n),
             "ratio_mean": float((ratio * mask).sum() / n),
         }
+        if kl is not None:
+            stats["kl"] = float((kl * mask).sum() / n)
     return loss, stats

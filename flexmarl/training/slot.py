@@ -24,11 +24,15 @@ def _key(key: str) -> str:
     return f"trainer:{key}"
 
 
-def start_trainer(key: str, model_dir: str, config: TrainerConfig, temperature: float, version: int) -> str:
+def start_trainer(
+    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, version: int
+) -> str:
     registry = engines()
     if _key(key) not in registry:
         agent = key.rsplit("/", 1)[-1]
-        registry[_key(key)] = AgentTrainer(agent, model_dir, config, temperature=temperature, version=version)
+        registry[_key(key)] = AgentTrainer(
+            agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens, version=version
+        )
     return worker_address()
 
 

@@ -9,6 +9,7 @@ the rest of the batch is still being generated, and the update equals the full-b
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -111,14 +112,26 @@ class AgentTrainer:
     """
 
     def __init__(
-        self, agent: str, model_dir: str | Path, config: TrainerConfig, *, temperature: float, version: int = 0
+        self,
+        agent: str,
+        model_dir: str | Path,
+        config: TrainerConfig,
+        *,
+        temperature: float,
+        max_new_tokens: int = 1,
+        version: int = 0,
     ) -> None:
         self.agent = agent
         self.config = config
         self.temperature = temperature
+        self.max_new_tokens = max_new_tokens  # the constant of the 'dr_grpo' normaliser
         self.version = version
         self.accelerator = shared_accelerator()
         model = load_model(Path(model_dir))
+        # The KL reference is the starting weights, frozen (an extra copy in memory, only when used).
+        self.reference = None
+        if config.kl_coef > 0:
+            self.reference = load_model(Path(model_dir)).to(self.accelerator.device).eval().requires_grad_(False)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -131,7 +144,7 @@ class AgentTrainer:
         self._consumed: list[str] = []
         self._responses = self._tokens = 0
         self._loss_sum = 0.0
-        self._stats = {"clipfrac": 0.0, "ratio_mean": 0.0, "stale_fraction": 0.0}
+        self._stats: dict[str, float] = defaultdict(float)
         self._micro = 0
 
     def accumulate(self, batch: TrainBatch) -> dict[str, float]:
@@ -153,9 +166,14 @@ class AgentTrainer:
         if bool(stale.any()):
             ratio_to_behaviour = torch.exp(logp.detach() - behaviour).clamp(max=self.config.is_cap)
             is_weights = torch.where(stale, ratio_to_behaviour, torch.ones_like(logp))
+        ref_logp = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp, _ = response_logprobs(self.reference, batch, self.temperature, device)
         loss, stats = policy_loss(
             logp, old, torch.tensor(batch.advantages, dtype=logp.dtype, device=device), mask,
             clip_eps=self.config.clip_eps, loss_type=self.config.loss_type, is_weights=is_weights,
+            ref_logprobs=ref_logp, kl_coef=self.config.kl_coef,
         )
         self.accelerator.backward(loss)
         for name, p in self.model.named_parameters():
@@ -176,7 +194,9 @@ class AgentTrainer:
         """Divide the accumulated gradient by the global batch's normaliser; one optimizer step."""
         if not getattr(self, "_consumed", None):
             raise ValueError(f"agent {self.agent!r}: no micro-batch accumulated for the update to v{self.version + 1}")
-        norm = batch_normaliser(self.config.loss_type, responses=self._responses, tokens=self._tokens)
+        norm = batch_normaliser(
+            self.config.loss_type, responses=self._responses, tokens=self._tokens, max_len=self.max_new_tokens
+        )
         for name, p in self.model.named_parameters():
             p.grad = (self._grad_sum[name] / norm).to(p.dtype)
         del self._grad_sum

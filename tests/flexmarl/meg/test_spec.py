@@ -102,3 +102,12 @@ def test_topological_order_is_deterministic_for_fan_out_and_fan_in() -> None:
     })
     assert graph.order() == ["plan", "s2", "s1", "agg"]
     assert graph.parents("agg") == ["s1", "s2"]
+
+
+def test_per_agent_trainer_overrides() -> None:
+    cfg = load_config(preset="tiny", overrides=["agents.verifier.training={lr: 1.0e-5, kl_coef: 0.01}"])
+    assert cfg.trainer_config("verifier").lr == pytest.approx(1e-5)
+    assert cfg.trainer_config("verifier").kl_coef == pytest.approx(0.01)
+    assert cfg.trainer_config("solver") == cfg.training
+    with pytest.raises(ConfigError, match="agents.verifier.training: lrr: unknown key"):
+        load_config(preset="tiny", overrides=["agents.verifier.training={lrr: 1.0e-5}"])

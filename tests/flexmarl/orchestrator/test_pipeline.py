@@ -67,3 +67,12 @@ def test_a_resource_no_worker_offers_is_a_clear_error(address: str, tmp_path: Pa
     cfg = load_config(preset="tiny", overrides=[*SMALL, "cluster.train_resource=GPU"])
     with pytest.raises(ClusterError, match="no Dask worker offers resource 'GPU' for training"):
         run_mode(cfg, tmp_path / "gpu", address)
+
+
+def test_agent_wise_advantages_and_kl_keep_the_pipeline_equal_to_sync(tmp_path: Path, address: str) -> None:
+    extra = ["agents.solver.training={advantage: agent, kl_coef: 0.05}", "training.loss_type=dr_grpo"]
+    weights = {}
+    for mode in ("sync", "flexmarl"):
+        cfg = load_config(preset="tiny", overrides=[*SMALL, *MODES[mode], *extra])
+        _, weights[mode] = run_mode(cfg, tmp_path / mode, address)
+    assert max_diff(weights["sync"], weights["flexmarl"]) <= 1e-5

@@ -76,3 +76,29 @@ def test_micro_batch_gradients_equal_the_full_batch_gradient(loss_type: str) -> 
         g_acc += g
     g_acc /= norm  # divided once, when the global batch is complete
     assert torch.max(torch.abs(g_acc - g_full)) < 1e-10
+
+
+def test_advantage_variants() -> None:
+    from flexmarl.training.losses import agent_scaled
+
+    rewards, groups = [1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"]
+    assert group_advantages(rewards, groups, scale=False) == [0.5, -0.5, 0.0, 0.0]  # Dr. GRPO: centred only
+    centred = group_advantages(rewards, groups, scale=False)
+    std = torch.tensor(rewards, dtype=torch.float64).std().item()
+    assert agent_scaled(centred, rewards, eps=0.0) == pytest.approx([c / std for c in centred])
+
+
+def test_dr_grpo_divides_by_a_constant_and_kl_is_k3() -> None:
+    from flexmarl.training.losses import k3_kl
+
+    assert batch_normaliser("dr_grpo", responses=4, tokens=37, max_len=16) == 64
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    assert torch.equal(k3_kl(logp, logp), torch.zeros_like(logp))
+    ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
+    d = ref - logp
+    assert torch.allclose(k3_kl(logp, ref), torch.exp(d) - d - 1) and bool((k3_kl(logp, ref) > 0).all())
+    mask = torch.ones_like(logp)
+    adv = torch.tensor([0.0], dtype=torch.float64)
+    loss, stats = policy_loss(logp, logp, adv, mask, clip_eps=0.2, loss_type="dapo", ref_logprobs=ref, kl_coef=0.5)
+    assert float(loss) == pytest.approx(0.5 * float(k3_kl(logp, ref).sum()))
+    assert stats["kl"] == pytest.approx(float(k3_kl(logp, ref).mean()))

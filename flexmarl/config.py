@@ -55,7 +55,9 @@ class RunConfig(MEGSpec):
 
     @model_validator(mode="after")
     def _check_agent_training(self) -> RunConfig:
-        for agent in self.agents:
+        for agent, spec in self.agents.items():
+            if "slots" in spec.training:
+                raise ValueError(f"agents.{agent}.training.slots: slots are run-wide; set training.slots")
             try:
                 self.trainer_config(agent)
             except ValidationError as exc:

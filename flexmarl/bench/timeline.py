@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from flexmarl.orchestrator.pipeline import PipelineResult  # noqa: E402
 
-COLOURS = {"rollout": "#4caf50", "train": "#ff9800", "sync": "#9e9e9e"}
+COLOURS = {"rollout": "#4caf50", "train": "#ff9800", "swap": "#e91e63", "sync": "#9e9e9e"}
 
 
 def draw_timeline(result: PipelineResult, path: Path, *, title: str) -> Path:

@@ -16,6 +16,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -116,9 +117,15 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
     return tok
 
 
+# from_pretrained builds the model under a process-global "meta device" context: two threads loading at
+# once (threaded workers, or several workers in one process) corrupt each other's models.
+_LOAD_LOCK = threading.Lock()
+
+
 def load_model(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     try:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        with _LOAD_LOCK:
+            return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
 

@@ -36,7 +36,7 @@ class Span:
     """A stretch of work on one worker, for the timeline picture and utilisation."""
 
     worker: str
-    kind: str  # "rollout", "train" or "sync"
+    kind: str  # "rollout", "train", "swap" (a state onto a slot's device) or "sync"
     agent: str
     start: float
     end: float
@@ -90,6 +90,7 @@ class MicroBatch:
     done_queries: set[int] = field(default_factory=set)
     sample_ids: list[str] = field(default_factory=list)  # rewarded samples: what the trainer consumes
     delta_version: int | None = None
+    committed_at: float = 0.0
     trained: bool = False
 
     @property
@@ -154,13 +155,15 @@ class PipelineRunner:
         self.waiting: dict[str, list[tuple[int, str, Episode, str]]] = {a: [] for a in cfg.agents}
         self.micro: dict[tuple[str, int], list[MicroBatch]] = {}
         self.complete: dict[str, set[int]] = {a: set() for a in cfg.agents}
-        self.trainer_busy: dict[str, bool] = {a: False for a in cfg.agents}
+        self.agent_busy: dict[str, bool] = {a: False for a in cfg.agents}  # training or syncing
+        self.slot_busy: dict[str, bool] = {}
         self.pending_syncs: dict[str, int] = {a: 0 for a in cfg.agents}
         self.rewards: dict[tuple[str, int], list[float]] = defaultdict(list)
         self.lags: dict[tuple[str, int], list[int]] = defaultdict(list)
         self.seq = {a: self._last_seq(f"rollout:{a}", store.samples_table(a)) for a in cfg.agents}
         self.episode_seq = self._last_seq("rollout:episodes", "episodes")
         self.inflight: dict[Future, tuple] = {}
+        self.sync_deadlines: dict[Future, float] = {}
         self.finished: queue.Queue[Future] = queue.Queue()
         self.spans: list[Span] = []
         self.updates: list[UpdateEvent] = []
@@ -187,31 +190,50 @@ class PipelineRunner:
                 if all(v >= target for v in self.versions.values()):
                     break
                 raise RuntimeError(f"pipeline stalled with nothing in flight (versions {self.versions})")
-            try:
-                fut = self.finished.get(timeout=self.timeout_s)
-            except queue.Empty:
-                what = sorted({f"{w[0]} {w[1]}" for w in self.inflight.values()})
-                raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}") from None
+            fut = self._next_finished()
+            self.sync_deadlines.pop(fut, None)
             self._handle(fut, self.inflight.pop(fut))
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens)
 
-    def _submit(self, worker: str, fn: Callable, *args, what: tuple) -> None:
+    def _next_finished(self) -> Future:
+        """The next finished task; fails fast on a weight sync past its deadline or a general stall."""
+        deadline = time.time() + self.timeout_s
+        if self.sync_deadlines:
+            deadline = min(deadline, min(self.sync_deadlines.values()))
+        try:
+            return self.finished.get(timeout=max(deadline - time.time(), 0.0))
+        except queue.Empty:
+            late = [f for f, d in self.sync_deadlines.items() if d <= time.time()]
+            if late:
+                _, agent, rep, version = self.inflight[late[0]]
+                raise WeightSyncError(
+                    f"weight sync of agent {agent!r} to v{version} on replica {rep.worker} did not finish within "
+                    f"{self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)"
+                ) from None
+            what = sorted({f"{w[0]} {w[1]}" for w in self.inflight.values()})
+            raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}") from None
+
+    def _submit(self, worker: str, fn: Callable, *args, what: tuple) -> Future:
         fut = self.client.submit(timed_call, fn, *args, workers=[worker], allow_other_workers=False, pure=False)
         self.inflight[fut] = what
         fut.add_done_callback(self.finished.put)
+        return fut
 
     def _handle(self, fut: Future, what: tuple) -> None:
         value, start, end, worker = fut.result()  # re-raises a task's error here, in the driver
         kind = what[0]
-        self.spans.append(Span(worker, {"generate": "rollout"}.get(kind, kind if kind == "sync" else "train"),
-                               what[1], start, end))
+        swap_s = value.get("swap_s", 0.0) if kind == "train" else 0.0
+        if swap_s:
+            self.spans.append(Span(worker, "swap", what[1], start, start + swap_s))
+        span_kind = {"generate": "rollout", "sync": "sync"}.get(kind, "train")
+        self.spans.append(Span(worker, span_kind, what[1], start + swap_s, end))
         if kind == "generate":
             self._on_generated(what[2], what[3], value)
         elif kind == "train":
-            self._on_trained(what[2])
+            self._on_trained(what[2], what[3])
         elif kind == "finish":
-            self._on_step_finished(what[1], what[2], value)
+            self._on_step_finished(what[1], what[2], what[3], value)
         elif kind == "sync":
             self._on_synced(what[1], what[2], what[3], value)
 
@@ -316,6 +338,7 @@ class PipelineRunner:
         self.seq[mb.agent] += 1
         commit = self.store.append_samples(mb.agent, rows, app_id=f"rollout:{mb.agent}", seq=self.seq[mb.agent])
         mb.delta_version = commit.version
+        mb.committed_at = time.time()
         rewarded = rows.filter(pc.field("status") == SampleStatus.REWARDED.value)
         mb.sample_ids = rewarded["sample_id"].to_pylist()
         self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
@@ -328,26 +351,42 @@ class PipelineRunner:
     # ------------------------------------------------------------------ training
 
     def _dispatch_training(self) -> None:
-        for agent in self.cfg.agents:
-            step = self.versions[agent]  # the update to step + 1 consumes step's batch
-            if self.trainer_busy[agent] or (agent, step) not in self.micro:
+        """Each free training slot serves one of its agents: the one whose ready work waited longest."""
+        for worker in sorted(set(self.trainers.values())):
+            if self.slot_busy.get(worker):
                 continue
-            batches = self.micro[(agent, step)]
-            ready = [m for m in batches if m.committed and not m.trained]
-            if ready and self.policy.may_train(agent, step, self.complete):
-                mb = ready[0]  # oldest ready data first
-                self.trainer_busy[agent] = True
-                self._submit(self.trainers[agent], slot.accumulate, self.key(agent), self.store.root,
-                             mb.delta_version, mb.sample_ids, step, what=("train", agent, mb))
-            elif step in self.complete[agent] and all(m.trained for m in batches):
-                self.trainer_busy[agent] = True
-                self._submit(self.trainers[agent], slot.finish_step, self.key(agent), what=("finish", agent, step))
+            work = {a: w for a in self.cfg.agents if self.trainers[a] == worker and (w := self._training_work(a))}
+            if not work:
+                continue
+            agent = self.policy.pick_agent({a: w[0] for a, w in work.items()})
+            _, mb = work[agent]
+            self.agent_busy[agent] = self.slot_busy[worker] = True
+            step = self.versions[agent]
+            if mb is not None:
+                self._submit(worker, slot.accumulate, self.key(agent), self.store.root, mb.delta_version,
+                             mb.sample_ids, step, what=("train", agent, mb, worker))
+            else:
+                self._submit(worker, slot.finish_step, self.key(agent), what=("finish", agent, step, worker))
 
-    def _on_trained(self, mb: MicroBatch) -> None:
+    def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
+        """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due."""
+        step = self.versions[agent]  # the update to step + 1 consumes step's batch
+        if self.agent_busy[agent] or (agent, step) not in self.micro:
+            return None
+        batches = self.micro[(agent, step)]
+        ready = [m for m in batches if m.committed and not m.trained]
+        if ready and self.policy.may_train(agent, step, self.complete):
+            return ready[0].committed_at, ready[0]  # oldest ready data first
+        if step in self.complete[agent] and all(m.trained for m in batches):
+            return max(m.committed_at for m in batches), None
+        return None
+
+    def _on_trained(self, mb: MicroBatch, worker: str) -> None:
         mb.trained = True
-        self.trainer_busy[mb.agent] = False
+        self.agent_busy[mb.agent] = self.slot_busy[worker] = False
 
-    def _on_step_finished(self, agent: str, step: int, result) -> None:
+    def _on_step_finished(self, agent: str, step: int, worker: str, result) -> None:
+        self.slot_busy[worker] = False  # the agent itself stays busy until its replicas have the weights
         batches = self.micro.pop((agent, step))
         rewards = self.rewards.pop((agent, step), [])
         lags = self.lags.pop((agent, step), [])
@@ -369,8 +408,9 @@ class PipelineRunner:
                                      allow_other_workers=False, pure=False)
         for rep in self.replicas[agent]:
             self.pending_syncs[agent] += 1
-            self._submit(rep.worker, replica_fns.load_weights, self.key(agent), step + 1, weights,
-                         what=("sync", agent, rep, step + 1))
+            fut = self._submit(rep.worker, replica_fns.load_weights, self.key(agent), result.policy_version,
+                               weights, what=("sync", agent, rep, result.policy_version))
+            self.sync_deadlines[fut] = time.time() + self.cfg.rollout.sync_timeout_s
         if self.on_update is not None:
             self.on_update(event)
 
@@ -380,4 +420,4 @@ class PipelineRunner:
         rep.version = version
         self.pending_syncs[agent] -= 1
         if self.pending_syncs[agent] == 0:
-            self.trainer_busy[agent] = False
+            self.agent_busy[agent] = False

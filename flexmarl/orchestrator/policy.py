@@ -61,6 +61,11 @@ class SchedulePolicy:
         return order[:limit]
 
     @staticmethod
+    def pick_agent(ready_since: dict[str, float]) -> str:
+        """A free training slot serves the agent whose ready work has waited longest (ties: by name)."""
+        return min(sorted(ready_since), key=ready_since.__getitem__)
+
+    @staticmethod
     def pick_replica(outstanding_tokens: dict[str, int]) -> str:
         """Intra-agent balancing: the replica with the fewest outstanding tokens (ties: by name)."""
         return min(sorted(outstanding_tokens), key=outstanding_tokens.__getitem__)

@@ -98,9 +98,13 @@ class Runtime:
         cluster = self.cfg.cluster
         rollout_workers = workers_offering(self.client, cluster.rollout_resource, "rollout")
         train_workers = workers_offering(self.client, cluster.train_resource, "training")
-        # Each agent's trainer lives on its home training worker. With load balancing every rollout worker
-        # holds a replica of every agent; otherwise the agent has one replica, placed round-robin.
-        self.trainers = place(list(self.cfg.agents), train_workers)
+        slots = self.cfg.training.slots
+        if slots is not None and slots > len(train_workers):
+            raise ValueError(f"training.slots={slots} but only {len(train_workers)} training workers exist")
+        # Agents share the training slots round-robin (M <= N is fine: a slot serves its agents in turn,
+        # swapping their states on and off its device). With load balancing every rollout worker holds a
+        # replica of every agent; otherwise the agent has one replica, placed round-robin.
+        self.trainers = place(list(self.cfg.agents), train_workers[:slots])
         self.replicas = (
             {a: list(rollout_workers) for a in self.cfg.agents}
             if self.cfg.rollout.load_balance

@@ -18,5 +18,7 @@ class RolloutConfig(Strict):
     on its home worker (the no-lb ablation, and the 'sync' baseline's dedicated engines)."""
     max_batch_size: int = Field(32, ge=1)
     """Most requests one replica generates in one batch; waiting requests join the next batch."""
+    sync_timeout_s: float = Field(300.0, gt=0)
+    """Longest wait for a weight sync to one replica before the run fails, naming agent, replica and version."""
     request_timeout_s: float = Field(1800.0, gt=0)
     """Longest wait for one generation batch before the run fails with the agent and replica named."""

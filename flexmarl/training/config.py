@@ -26,6 +26,9 @@ class TrainerConfig(Strict):
     are committed when its batch is complete: no micro-batch pipelining for it."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL estimate to the frozen starting weights (a reference model in memory); 0: none."""
+    slots: int | None = Field(None, ge=1)
+    """Training slots (workers that train) shared by all agents, M <= N allowed; null: one per training
+    worker. Run-wide: an agent's own ``training`` cannot set it."""
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)

@@ -8,6 +8,7 @@ worker's engine registry under ``key`` (``"<run id>/<agent>"``).
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ import torch
 
 from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.training.config import TrainerConfig
+from flexmarl.training.state import move
 from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult
 from storage.store import ExperienceStore
 
@@ -43,8 +45,31 @@ def trainer(key: str) -> AgentTrainer:
         raise RuntimeError(f"no trainer {key!r} on worker {worker_address()}") from None
 
 
+def activate(key: str) -> float:
+    """Put ``key``'s state on this slot's device, moving the previous agent's to host memory first.
+
+    Returns the seconds spent swapping. On a CPU-only worker device and host are the same memory and
+    nothing moves.
+    """
+    registry = engines()
+    holder = registry.get("slot:on-device")
+    if holder == key or not torch.cuda.is_available():
+        registry["slot:on-device"] = key
+        return 0.0
+    start = time.perf_counter()
+    if holder is not None and _key(holder) in registry:
+        move(registry[_key(holder)], "host")
+    move(trainer(key), "device")
+    registry["slot:on-device"] = key
+    return time.perf_counter() - start
+
+
 def accumulate(key: str, store_uri: str, samples_version: int, sample_ids: list[str], step: int) -> dict:
-    """Forward/backward of one committed micro-batch of ``step`` (read at a pinned Delta version)."""
+    """Forward/backward of one committed micro-batch of ``step`` (read at a pinned Delta version).
+
+    Returns the loss statistics and ``swap_s``, the seconds spent bringing the state onto the device.
+    """
+    swap_s = activate(key)
     t = trainer(key)
     if t.version > step:
         raise RuntimeError(f"trainer {key!r} is at v{t.version}, past step {step}: refusing to train twice")
@@ -56,10 +81,11 @@ def accumulate(key: str, store_uri: str, samples_version: int, sample_ids: list[
             f"micro-batch of {agent!r} step {step}: {len(sample_ids)} samples expected at Delta version "
             f"{samples_version}, {rows.num_rows} found"
         )
-    return t.accumulate(TrainBatch.from_arrow(rows))
+    return {**t.accumulate(TrainBatch.from_arrow(rows)), "swap_s": swap_s}
 
 
 def finish_step(key: str) -> UpdateResult:
+    activate(key)
     return trainer(key).finish_step()
 
 

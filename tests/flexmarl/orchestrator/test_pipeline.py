@@ -76,3 +76,38 @@ def test_agent_wise_advantages_and_kl_keep_the_pipeline_equal_to_sync(tmp_path: 
         cfg = load_config(preset="tiny", overrides=[*SMALL, *MODES[mode], *extra])
         _, weights[mode] = run_mode(cfg, tmp_path / mode, address)
     assert max_diff(weights["sync"], weights["flexmarl"]) <= 1e-5
+
+
+def test_agents_sharing_one_training_slot_train_the_same_weights(tmp_path: Path, address: str) -> None:
+    weights = {}
+    for slots in ("null", "1"):
+        cfg = load_config(preset="fan_out", overrides=[*SMALL, f"training.slots={slots}"])
+        result, weights[slots] = run_mode(cfg, tmp_path / f"slots-{slots}", address)
+        trainers = {s.worker for s in result.spans if s.kind == "train"}
+        assert len(trainers) == (1 if slots == "1" else 2)  # three agents on one slot, or spread over two
+    assert max_diff(weights["null"], weights["1"]) <= 1e-5
+
+
+def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tmp_path: Path, monkeypatch) -> None:
+    import time as _time
+
+    from flexmarl.rollout import replica
+    from flexmarl.rollout.backend import WeightSyncError
+
+    import threading
+
+    hang_over = threading.Event()
+
+    def hanging_load_weights(key, version, state):  # fault injection: a replica that does not answer
+        _time.sleep(12)
+        hang_over.set()
+
+    # an in-process (threads) cluster, so that the patched function is what the workers run
+    monkeypatch.setattr(replica, "load_weights", hanging_load_weights)
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        cfg = load_config(preset="tiny", overrides=[*SMALL, "rollout.sync_timeout_s=2"])
+        with pytest.raises(WeightSyncError, match=r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s"):
+            run_mode(cfg, tmp_path / "hang", cluster.scheduler_address)
+        assert not hang_over.is_set()  # it failed at its timeout, not when the replica came back

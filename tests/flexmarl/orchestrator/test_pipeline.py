@@ -94,13 +94,11 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
     from flexmarl.rollout import replica
     from flexmarl.rollout.backend import WeightSyncError
 
-    import threading
-
-    hang_over = threading.Event()
+    hang_over = tmp_path / "hang-over"  # a file, not an Event: the task function must pickle
 
     def hanging_load_weights(key, version, state):  # fault injection: a replica that does not answer
         _time.sleep(12)
-        hang_over.set()
+        hang_over.touch()
 
     # an in-process (threads) cluster, so that the patched function is what the workers run
     monkeypatch.setattr(replica, "load_weights", hanging_load_weights)
@@ -110,4 +108,4 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
         cfg = load_config(preset="tiny", overrides=[*SMALL, "rollout.sync_timeout_s=2"])
         with pytest.raises(WeightSyncError, match=r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s"):
             run_mode(cfg, tmp_path / "hang", cluster.scheduler_address)
-        assert not hang_over.is_set()  # it failed at its timeout, not when the replica came back
+        assert not hang_over.exists()  # it failed at its timeout, not when the replica came back

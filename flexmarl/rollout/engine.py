@@ -45,6 +45,7 @@ class Episode:
     trajectory_id: int
     step: int
     outputs: dict[str, NodeOutput] = field(default_factory=dict)
+    skipped: set[str] = field(default_factory=set)  # nodes a loop's early stop left out: never generated
     error: str | None = None  # set when a reward function raised: the episode is not trained on
 
     @property
@@ -99,17 +100,18 @@ class RolloutEngine:
         self.max_batch_size = max_batch_size
         self.timeout_s = timeout_s
         self.seed = seed
-        self.order = spec.graph.order()
+        self.graph = spec.graph.expanded  # copies and loops unrolled into plain nodes
+        self.order = self.graph.order()
         self.turn = {node: i for i, node in enumerate(self.order)}
-        self.agent_of = {n.name: n.agent for n in spec.graph.nodes}
+        self.agent_of = {n.name: n.agent for n in self.graph.nodes}
 
     def run(self, tasks: list[TaskItem], *, step: int, group_size: int) -> list[Episode]:
-        """Sample ``group_size`` episodes per task; returns them with every node's output filled."""
+        """Sample ``group_size`` episodes per task; returns them with the output of every node that ran."""
         episodes = [Episode(task, j, step) for task in tasks for j in range(group_size)]
         queues: dict[str, deque[tuple[Episode, str]]] = {a: deque() for a in self.spec.agents}
         for ep in episodes:
             for node in self.order:
-                if not self.spec.graph.parents(node):
+                if not self.graph.parents(node):
                     queues[self.agent_of[node]].append((ep, node))
 
         busy: dict[tuple[str, str], Future] = {}  # (agent, replica address) -> its running batch
@@ -140,18 +142,39 @@ class RolloutEngine:
             busy = {k: f for k, f in busy.items() if f is not fut}
             for (ep, node, prompt_ids), result in zip(batch, fut.result(), strict=True):
                 self._record(ep, node, prompt_ids, result)
-                for child in self._children(node):
-                    if all(p in ep.outputs for p in self.spec.graph.parents(child)):
-                        queues[self.agent_of[child]].append((ep, child))
+                for child in self._ready_children(ep, node):
+                    queues[self.agent_of[child]].append((ep, child))
         return episodes
 
     def _children(self, node: str) -> list[str]:
-        return [c for p, c in self.spec.graph.edges if p == node]
+        return self.graph.children(node)
+
+    def _ready_children(self, ep: Episode, node: str) -> list[str]:
+        """Nodes that ``node`` finishing makes ready: every parent has run or was skipped by an early stop."""
+        resolved = [node, *self._skip_after_stop(ep, node)]
+        ready: list[str] = []
+        for done in resolved:
+            for child in self._children(done):
+                if child in ep.skipped or child in ready:
+                    continue
+                if all(p in ep.outputs or p in ep.skipped for p in self.graph.parents(child)):
+                    ready.append(child)
+        return ready
+
+    def _skip_after_stop(self, ep: Episode, node: str) -> list[str]:
+        """Bounded loops: once ``node`` meets its loop's stop condition, skip the loop's later turns.
+
+        The skipped nodes were not started (validation makes each wait for the stop node), so they are
+        never generated and leave no samples. Returns the newly skipped nodes.
+        """
+        skip = [n for n in self.graph.skipped_after(node, ep.outputs[node].parsed) if n not in ep.skipped]
+        ep.skipped.update(skip)
+        return skip
 
     def _prompt(self, ep: Episode, node: str) -> list[int]:
         agent = self.spec.agents[self.agent_of[node]]
         fields = dict(ep.task.fields)
-        fields.update({p: ep.outputs[p].text for p in self.spec.graph.parents(node)})
+        fields.update(self.graph.render_fields(node, {n: out.text for n, out in ep.outputs.items()}))
         return render_prompt(self.tokenizers[self.agent_of[node]], agent.prompt, agent.system, fields)
 
     def _submit(self, agent: str, address: str, batch: list[tuple[Episode, str, list[int]]]) -> Future:
@@ -171,7 +194,7 @@ class RolloutEngine:
     def _record(self, ep: Episode, node: str, prompt_ids: list[int], result: GenerationResult) -> None:
         agent = self.agent_of[node]
         text = self.tokenizers[agent].decode(result.response_ids, skip_special_tokens=True)
-        parents = self.spec.graph.parents(node)
+        parents = [p for p in self.graph.parents(node) if p in ep.outputs]  # skipped turns have no sample
         ep.outputs[node] = NodeOutput(
             node=node,
             agent=agent,

@@ -19,15 +19,18 @@ def score(episodes: list[Episode], spec: MEGSpec, *, adv_eps: float) -> None:
     """Fill every node's reward, then its advantage within its group (same input and node).
 
     A reward function that raises marks its episode failed (``episode.error``); a failed episode's
-    samples keep no reward and are not trained on, and the run goes on.
+    samples keep no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped
+    have no output, so they get no reward and join no group: a group holds only the samples that exist.
     """
+    graph = spec.graph.expanded
     for ep in episodes:
         parsed = {node: out.parsed for node, out in ep.outputs.items()}
+        final = final_nodes(ep, spec)
         try:
             rewards = {
-                node: float(REWARDS[spec.agents[out.agent].reward](
-                    RewardInput(node, out.parsed, ep.task, parsed, spec.graph.parents(node))
-                ))
+                node: float(REWARDS[spec.agents[out.agent].reward](RewardInput(
+                    node, out.parsed, ep.task, parsed, [p for p in graph.parents(node) if p in ep.outputs], final,
+                )))
                 for node, out in ep.outputs.items()
             }
         except Exception as exc:  # noqa: BLE001 - user reward code: record and go on
@@ -45,6 +48,12 @@ def score(episodes: list[Episode], spec: MEGSpec, *, adv_eps: float) -> None:
         advantages = group_advantages([o.reward for o in outs], ["g"] * len(outs), eps=adv_eps)
         for out, adv in zip(outs, advantages, strict=True):
             out.advantage = adv
+
+
+def final_nodes(ep: Episode, spec: MEGSpec) -> tuple[str, ...]:
+    """The episode's nodes that ran and whose output no node that ran reads (e.g. the aggregator)."""
+    graph = spec.graph.expanded
+    return tuple(n for n in ep.outputs if not any(c in ep.outputs for c in graph.children(n)))
 
 
 def sample_rows(episodes: list[Episode], agent: str, *, policy_version: int) -> pa.Table:
@@ -88,7 +97,8 @@ def episode_rows(episodes: list[Episode]) -> pa.Table:
             "trajectory_id": ep.trajectory_id,
             "step": ep.step,
             "task": ep.task.to_json(),
-            "node_status": [(node, "done") for node in ep.outputs],
+            "node_status": [(node, "done") for node in ep.outputs]
+            + [(node, "skipped") for node in sorted(ep.skipped)],  # skipped: a loop stopped early
             "rewards": [(node, out.reward) for node, out in ep.outputs.items() if out.reward is not None],
             "outcome": "failed" if ep.error else "completed",
             "error": ep.error,

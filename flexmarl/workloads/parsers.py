@@ -33,3 +33,8 @@ def verdict(text: str) -> str | None:
     if match is None:
         return None
     return "correct" if match.group(1).lower() in POSITIVE else "incorrect"
+
+
+def text(response: str) -> str | None:
+    """The response itself, stripped; ``None`` when it is empty (e.g. a planner's plan)."""
+    return response.strip() or None

@@ -9,9 +9,11 @@ from flexmarl.workloads import parsers, rewards
 PARSERS: dict[str, Callable[[str], str | None]] = {
     "last_number": parsers.last_number,
     "verdict": parsers.verdict,
+    "text": parsers.text,
 }
 
 REWARDS: dict[str, Callable[[rewards.RewardInput], float]] = {
     "correct_answer": rewards.correct_answer,
     "verdict_matches": rewards.verdict_matches,
+    "final_correct": rewards.final_correct,
 }

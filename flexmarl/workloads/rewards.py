@@ -17,7 +17,8 @@ class RewardInput:
     parsed: str | None  # this node's parsed output; None when it did not parse
     task: TaskItem
     parsed_outputs: dict[str, str | None]  # every finished node of the episode -> its parsed output
-    parents: list[str]
+    parents: list[str]  # this node's parents that ran (expanded names, e.g. solver_0 .. solver_3)
+    final: tuple[str, ...] = ()  # the episode's final nodes: they ran and no node that ran reads them
 
 
 def _is_correct(parsed: str | None, answer: str) -> bool:
@@ -35,3 +36,13 @@ def verdict_matches(x: RewardInput) -> float:
         return 0.0
     truth = _is_correct(x.parsed_outputs.get(x.parents[0]), x.task.answer)
     return float((x.parsed == "correct") == truth)
+
+
+def final_correct(x: RewardInput) -> float:
+    """The share of the episode's final nodes (e.g. the aggregator) whose answer is correct.
+
+    Rewards a node upstream (a planner) for the team's result rather than for its own text.
+    """
+    if not x.final:
+        return 0.0
+    return sum(_is_correct(x.parsed_outputs.get(n), x.task.answer) for n in x.final) / len(x.final)

@@ -28,7 +28,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from flexmarl.configbase import Strict, did_you_mean
 from flexmarl.meg.graph import DeclaredLoop, DeclaredNode, ExpandedGraph, expand
 from flexmarl.models.loading import check_model_setting
-from flexmarl.workloads.registry import PARSERS, REWARDS
+from flexmarl.workloads.registry import PARSERS, REWARD_TASK_FIELDS, REWARDS
 
 NAME = r"^[a-z][a-z0-9_]{0,39}$"  # agent and node names become table and directory names
 
@@ -186,8 +186,16 @@ class MEGSpec(Strict):
     def check_templates(self, task_fields: set[str]) -> None:
         """Every ``{field}`` of a node's prompt must be a task field or a declared parent of the node.
 
-        A parent with ``copies: k`` provides ``{parent}`` and ``{parent_0} .. {parent_<k-1>}``.
+        A parent with ``copies: k`` provides ``{parent}`` and ``{parent_0} .. {parent_<k-1>}``. Also checks
+        that each agent's reward finds the task fields it reads.
         """
+        for name, agent in self.agents.items():
+            needed = sorted(REWARD_TASK_FIELDS.get(agent.reward, set()) - task_fields)
+            if needed:
+                raise ValueError(
+                    f"agents.{name}.reward: {agent.reward!r} reads task field(s) {needed}, which this data does "
+                    f"not provide (it has {sorted(task_fields)}); use data.dataset: humaneval, or another reward"
+                )
         copies = {n.name: n.copies for n in self.graph.nodes}
         for node in self.graph.nodes:
             parents = self.graph.parents(node.name)

@@ -19,7 +19,7 @@ This module is pure: no pydantic, no I/O. Errors are ``GraphError`` and use the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
 
@@ -159,6 +159,10 @@ def _cycle_error(path: list[str], graph: ExpandedGraph) -> GraphError:
     )
 
 
+# (declared node, turn or None) -> the names of its copies in that turn
+InstanceGroup = Callable[[str, int | None], tuple[str, ...]]
+
+
 def instance_name(name: str, copy: int | None, turn: int | None) -> str:
     return name + (f"_{copy}" if copy is not None else "") + (f"_t{turn}" if turn is not None else "")
 
@@ -250,9 +254,7 @@ def _check_unique(expanded: list[ExpandedNode]) -> None:
         other = seen.get(node.name)
         if other is not None:
             a, b = (other, node) if other.source == other.name else (node, other)
-            raise GraphError(
-                f"node {a.source!r} has the name of {_describe(b)}; rename one of them"
-            )
+            raise GraphError(f"node {a.source!r} has the name of {_describe(b)}; rename one of them")
         seen[node.name] = node
 
 
@@ -262,10 +264,10 @@ def _describe(node: ExpandedNode) -> str:
         parts.append(f"copy {node.copy}")
     if node.turn is not None:
         parts.append(f"turn {node.turn}")
-    return f"{' of '.join(parts) or 'instance'} of node {node.source!r} ({node.name})"
+    return f"{', '.join(parts)} of node {node.source!r} ({node.name})"
 
 
-def _stop_rules(loop: DeclaredLoop, group) -> list[StopRule]:
+def _stop_rules(loop: DeclaredLoop, group: InstanceGroup) -> list[StopRule]:
     rules = []
     for turn in range(loop.max_turns - 1):  # a stop in the last turn has nothing left to skip
         later = tuple(n for t in range(turn + 1, loop.max_turns) for name in loop.nodes for n in group(name, t))
@@ -273,7 +275,7 @@ def _stop_rules(loop: DeclaredLoop, group) -> list[StopRule]:
     return rules
 
 
-def _check_stop_reaches_next_turn(index: int, loop: DeclaredLoop, graph: ExpandedGraph, group) -> None:
+def _check_stop_reaches_next_turn(index: int, loop: DeclaredLoop, graph: ExpandedGraph, group: InstanceGroup) -> None:
     """An early stop can only skip nodes that have not started: each must wait for the stop node."""
     if loop.stop_node is None or loop.max_turns < 2:
         return

@@ -136,13 +136,13 @@ class GraphSpec(Strict):
             if (parent, child) in seen:
                 raise ValueError(f"edge [{parent}, {child}] is declared twice in graph.edges; remove one")
             seen.add((parent, child))
-        self._expanded = expand(
-            [DeclaredNode(n.name, n.agent, n.copies) for n in self.nodes],
-            self.edges,
-            [DeclaredLoop(tuple(lp.nodes), lp.max_turns, *((lp.stop_when.node, lp.stop_when.parsed)
-                                                           if lp.stop_when else (None, None)))
-             for lp in self.loops],
-        )  # raises GraphError (a ValueError) naming the declared nodes
+        loops = [
+            DeclaredLoop(tuple(lp.nodes), lp.max_turns, lp.stop_when.node, lp.stop_when.parsed)
+            if lp.stop_when else DeclaredLoop(tuple(lp.nodes), lp.max_turns)
+            for lp in self.loops
+        ]
+        # raises GraphError (a ValueError) naming the declared nodes
+        self._expanded = expand([DeclaredNode(n.name, n.agent, n.copies) for n in self.nodes], self.edges, loops)
         return self
 
     @property

@@ -67,7 +67,8 @@ LOOP_AGENTS = {
 LOOP_GRAPH = {
     "nodes": [{"name": "solver", "agent": "solver"}, {"name": "verifier", "agent": "verifier"}],
     "edges": [["solver", "verifier"], ["verifier", "solver"], ["solver", "solver"]],
-    "loops": [{"nodes": ["solver", "verifier"], "max_turns": 3, "stop_when": {"node": "verifier", "parsed": "correct"}}],
+    "loops": [{"nodes": ["solver", "verifier"], "max_turns": 3,
+               "stop_when": {"node": "verifier", "parsed": "correct"}}],
 }
 # trajectory -> the turn at which the verifier first says yes (None: never)
 ACCEPT_AT = {0: 0, 1: 1, 2: None}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from flexmarl.config import ConfigError, load_config
+from flexmarl.workloads import rewards
 from flexmarl.workloads.datasets import DataConfig, TaskItem, load_tasks
 from flexmarl.workloads.parsers import python_code, text
-from flexmarl.workloads import rewards
 from flexmarl.workloads.rewards import RewardInput, asserts_agree, code_verdict_matches, final_correct, passes_tests
 from flexmarl.workloads.sandbox import SandboxLimits
 
@@ -48,7 +48,8 @@ def test_a_prompt_may_read_entry_point_only_from_humaneval() -> None:
 
 
 def test_a_code_reward_on_data_without_code_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"agents.solver.reward: 'passes_tests' reads task field\(s\) \['entry_point'\]"):
+    message = r"agents.solver.reward: 'passes_tests' reads task field\(s\) \['entry_point'\]"
+    with pytest.raises(ConfigError, match=message):
         load_config(preset="tiny", overrides=["agents.solver.reward=passes_tests"])
 
 

@@ -39,7 +39,8 @@ def test_writes_stay_inside_the_scratch_directory(tmp_path: Path) -> None:
     res = run_python(f"open({str(target)!r}, 'w').write('x')")
     assert not res.ok and "outside the scratch directory" in res.stderr
     assert not target.exists()
-    res = run_python("import os\nos.makedirs('sub')\nopen('sub/f.txt', 'w').write('ok')\nprint(open('sub/f.txt').read())")
+    res = run_python("import os\nos.makedirs('sub')\nopen('sub/f.txt', 'w').write('ok')\n"
+                     "print(open('sub/f.txt').read())")
     assert res.ok and res.stdout == "ok\n"
 
 

@@ -73,7 +73,10 @@ class RunConfig(MEGSpec):
         return TrainerConfig.model_validate({**self.training.model_dump(), **overrides})
 
     def samples_per_step(self, agent: str) -> int:
-        """The agent's global batch: one sample per (query, group member, node of the agent)."""
+        """The agent's largest global batch: one sample per (query, group member, expanded node of the agent).
+
+        A loop that stops early skips its later turns, so a step may hold fewer samples.
+        """
         return self.train.queries_per_step * self.train.group_size * len(self.nodes_of(agent))
 
 

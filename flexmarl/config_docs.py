@@ -10,7 +10,7 @@ import typing
 from pydantic import BaseModel
 
 from flexmarl.config import RunConfig
-from flexmarl.meg.spec import AgentSpec, GraphSpec, NodeSpec
+from flexmarl.meg.spec import AgentSpec, GraphSpec, LoopSpec, NodeSpec, StopWhen
 
 HEADER = """# Configuration reference
 
@@ -49,6 +49,8 @@ def render() -> str:
     parts += section("agents.<name>", AgentSpec, "agents.<name>.")
     parts += section("graph", GraphSpec, "graph.")
     parts += section("graph.nodes[]", NodeSpec, "")
+    parts += section("graph.loops[]", LoopSpec, "")
+    parts += section("graph.loops[].stop_when", StopWhen, "stop_when.")
     for name, field in RunConfig.model_fields.items():
         if name not in ("agents", "graph"):
             parts += section(name, field.annotation, f"{name}.")

@@ -35,7 +35,7 @@ def evaluate_agent(
 ) -> EvalResult:
     """Generate one answer per task (greedy by default) and average the agent's reward."""
     spec = cfg.agents[agent]
-    nodes = [n for n in cfg.nodes_of(agent) if not cfg.graph.parents(n)]
+    nodes = [n for n in cfg.nodes_of(agent) if not cfg.graph.expanded.parents(n)]
     if not nodes:
         raise ValueError(f"agent {agent!r} reads other nodes' outputs; evaluate a root agent of the graph")
     node = nodes[0]
@@ -52,7 +52,7 @@ def evaluate_agent(
         for task, result in zip(chunk, backend.generate(requests), strict=True):
             text = tok.decode(result.response_ids, skip_special_tokens=True)
             parsed = PARSERS[spec.parser](text)
-            reward = REWARDS[spec.reward](RewardInput(node, parsed, task, {node: parsed}, []))
+            reward = REWARDS[spec.reward](RewardInput(node, parsed, task, {node: parsed}, [], (node,)))
             rewards.append(reward)
             parsed_count += parsed is not None
             if len(examples) < 5:

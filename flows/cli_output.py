@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 err_console = Console(stderr=True)
@@ -11,5 +12,6 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> None:
     """Print an error and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    # escape: messages quote YAML such as "[solver, verifier]", which rich would read as markup
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code=code)

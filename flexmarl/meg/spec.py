@@ -1,17 +1,21 @@
-"""The multi-agent execution graph (MEG) as declared in YAML: agents, nodes and edges.
+"""The multi-agent execution graph (MEG) as declared in YAML: agents, nodes, edges and bounded loops.
 
 A node is one invocation of an agent; an edge ``[a, b]`` says node ``b``'s prompt is built from node
 ``a``'s output, which the template of ``b`` reads as ``{a}``. The other template fields come from the
-workload's task (``{question}``).
+workload's task (``{question}``). A node may run as ``copies: k`` parallel instances (fan-out), and a
+cycle must be declared as a loop with ``max_turns`` (and an optional early stop). ``GraphSpec.expanded``
+holds the unrolled acyclic graph the rollout engine runs; ``flexmarl.meg.graph`` has the rules and
+docs/meg.md the guide.
 
-Example:
+Example (a solver and a verifier taking up to 3 turns):
     agents:
-      solver:   {model: tiny, prompt: "Solve: {question}", parser: last_number, reward: correct_answer}
+      solver:   {model: tiny, prompt: "Solve: {question} {verifier}", parser: last_number, reward: correct_answer}
       verifier: {model: tiny, prompt: "{question}\\nAnswer: {solver}\\nCorrect? 1 or 0", parser: verdict,
                  reward: verdict_matches}
     graph:
       nodes: [{name: solver, agent: solver}, {name: verifier, agent: verifier}]
-      edges: [[solver, verifier]]
+      edges: [[solver, verifier], [verifier, solver]]
+      loops: [{nodes: [solver, verifier], max_turns: 3, stop_when: {node: verifier, parsed: correct}}]
 """
 
 from __future__ import annotations
@@ -19,13 +23,13 @@ from __future__ import annotations
 import re
 import string
 from typing import Any
-from graphlib import CycleError, TopologicalSorter
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from flexmarl.configbase import Strict, did_you_mean
+from flexmarl.meg.graph import DeclaredLoop, DeclaredNode, ExpandedGraph, expand
 from flexmarl.models.loading import check_model_setting
-from flexmarl.workloads.registry import PARSERS, REWARDS
+from flexmarl.workloads.registry import PARSERS, REWARD_TASK_FIELDS, REWARDS
 
 NAME = r"^[a-z][a-z0-9_]{0,39}$"  # agent and node names become table and directory names
 
@@ -84,6 +88,29 @@ class NodeSpec(Strict):
     """Node name, unique in the graph; children read its response as ``{name}``."""
     agent: str
     """The agent (a key of ``agents``) this node invokes."""
+    copies: int = Field(1, ge=1, le=64)
+    """Fan-out: ``copies: k`` (k > 1) runs k instances ``name_0 .. name_{k-1}`` of the node, each sampled
+    independently. A child reads all k responses as ``{name}`` (numbered ``Answer 1: ...``) or copy i alone
+    as ``{name_i}``."""
+
+
+class StopWhen(Strict):
+    node: str
+    """The loop node whose parsed output can end the loop early (a node without copies)."""
+    parsed: str
+    """The parsed output that ends the loop, e.g. ``correct`` for the ``verdict`` parser."""
+
+
+class LoopSpec(Strict):
+    nodes: list[str] = Field(min_length=1)
+    """The loop's nodes, in the order they run within one turn. An edge between two of them runs within a
+    turn when it points forward in this list, and into the next turn when it points backward (self edges
+    too): that is how a turn reads the one before."""
+    max_turns: int = Field(ge=1, le=32)
+    """Most turns: each node of the loop is unrolled into ``name_t0 .. name_t{max_turns-1}``."""
+    stop_when: StopWhen | None = None
+    """Optional early stop: once ``node`` parses to ``parsed``, the loop's later turns are skipped (not
+    generated, no samples)."""
 
 
 class GraphSpec(Strict):
@@ -91,6 +118,11 @@ class GraphSpec(Strict):
     """Agent invocations of one episode (see ``graph.nodes[]``)."""
     edges: list[tuple[str, str]] = []
     """``[parent, child]`` pairs: the child's prompt reads the parent's response as ``{parent}``."""
+    loops: list[LoopSpec] = []
+    """Cycles unrolled to a bounded number of turns (see ``graph.loops[]``); a cycle not declared here is
+    an error."""
+
+    _expanded: ExpandedGraph = PrivateAttr()
 
     @model_validator(mode="after")
     def _check_structure(self) -> GraphSpec:
@@ -98,33 +130,38 @@ class GraphSpec(Strict):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate node names {duplicates}: give every node its own name")
+        seen: set[tuple[str, str]] = set()
         for parent, child in self.edges:
             for end in (parent, child):
                 if end not in names:
-                    raise ValueError(f"edge [{parent}, {child}] names unknown node {end!r}; nodes are {names}")
-        try:
-            self.order()
-        except CycleError as exc:
-            cycle = " -> ".join(exc.args[1])
-            raise ValueError(
-                f"the graph has a cycle ({cycle}); a MEG must be acyclic: unroll a loop into numbered nodes"
-            ) from None
+                    raise ValueError(
+                        f"edge [{parent}, {child}] names unknown node {end!r}{did_you_mean(end, names)}; "
+                        f"nodes are {names}"
+                    )
+            if (parent, child) in seen:
+                raise ValueError(f"edge [{parent}, {child}] is declared twice in graph.edges; remove one")
+            seen.add((parent, child))
+        loops = [
+            DeclaredLoop(tuple(lp.nodes), lp.max_turns, lp.stop_when.node, lp.stop_when.parsed)
+            if lp.stop_when else DeclaredLoop(tuple(lp.nodes), lp.max_turns)
+            for lp in self.loops
+        ]
+        # raises GraphError (a ValueError) naming the declared nodes
+        self._expanded = expand([DeclaredNode(n.name, n.agent, n.copies) for n in self.nodes], self.edges, loops)
         return self
 
+    @property
+    def expanded(self) -> ExpandedGraph:
+        """The graph the rollout engine runs: copies and loops unrolled (see ``flexmarl.meg.graph``)."""
+        return self._expanded
+
     def parents(self, node: str) -> list[str]:
+        """The declared parents of a declared node."""
         return [p for p, c in self.edges if c == node]
 
     def order(self) -> list[str]:
-        """Nodes in a deterministic topological order (ties broken by declaration order)."""
-        position = {n.name: i for i, n in enumerate(self.nodes)}
-        sorter = TopologicalSorter({n.name: self.parents(n.name) for n in self.nodes})
-        sorter.prepare()
-        order: list[str] = []
-        while sorter.is_active():
-            ready = sorted(sorter.get_ready(), key=position.__getitem__)
-            order.extend(ready)
-            sorter.done(*ready)
-        return order
+        """Expanded nodes in a deterministic topological order (ties broken by declaration order)."""
+        return self._expanded.order()
 
 
 class MEGSpec(Strict):
@@ -152,15 +189,38 @@ class MEGSpec(Strict):
         return self
 
     def check_templates(self, task_fields: set[str]) -> None:
-        """Every ``{field}`` of a node's prompt must be a task field or one of the node's parents."""
+        """Every ``{field}`` of a node's prompt must be a task field or a declared parent of the node.
+
+        A parent with ``copies: k`` provides ``{parent}`` and ``{parent_0} .. {parent_<k-1>}``. Also checks
+        that each agent's reward finds the task fields it reads.
+        """
+        for name, agent in self.agents.items():
+            needed = sorted(REWARD_TASK_FIELDS.get(agent.reward, set()) - task_fields)
+            if needed:
+                raise ValueError(
+                    f"agents.{name}.reward: {agent.reward!r} reads task field(s) {needed}, which this data does "
+                    f"not provide (it has {sorted(task_fields)}); use data.dataset: humaneval, or another reward"
+                )
+        copies = {n.name: n.copies for n in self.graph.nodes}
         for node in self.graph.nodes:
-            available = task_fields | set(self.graph.parents(node.name))
+            parents = self.graph.parents(node.name)
+            provided = set(parents) | {f"{p}_{i}" for p in parents if copies[p] > 1 for i in range(copies[p])}
+            shadowed = sorted(provided & task_fields)
+            if shadowed:
+                raise ValueError(
+                    f"node {node.name!r} reads parent field(s) {shadowed} that are also task fields; rename "
+                    f"the parent node (task fields: {sorted(task_fields)})"
+                )
+            available = task_fields | provided
             missing = sorted(self.agents[node.agent].template_fields() - available)
             if missing:
+                hint = did_you_mean(missing[0], sorted(available)) if len(missing) == 1 else ""
                 raise ValueError(
                     f"node {node.name!r} (agent {node.agent!r}): prompt field(s) {missing} are provided by "
-                    f"neither the task nor a parent node; available: {sorted(available)}"
+                    f"neither the task nor a parent node{hint}; available: {sorted(available)}; fix "
+                    f"agents.{node.agent}.prompt, or add an edge [<parent>, {node.name}] to graph.edges"
                 )
 
     def nodes_of(self, agent: str) -> list[str]:
-        return [n.name for n in self.graph.nodes if n.agent == agent]
+        """The expanded nodes that invoke ``agent`` (an early stop may skip some in an episode)."""
+        return [n.name for n in self.graph.expanded.nodes if n.agent == agent]

@@ -305,8 +305,11 @@ class PipelineRunner:
         for (ep, node, prompt_ids), result in zip(batch, results, strict=True):
             self.tokens += len(result.response_ids)
             state = self.steps[ep.step]
-            state.finished_nodes[self.graph.layer[node]] += 1
-            for child in self.graph.record(ep, node, prompt_ids, result):
+            skipped_before = set(ep.skipped)
+            ready = self.graph.record(ep, node, prompt_ids, result)
+            for n in [node, *(ep.skipped - skipped_before)]:  # a skipped node counts as done for its layer
+                state.finished_nodes[self.graph.layer[n]] += 1
+            for child in ready:
                 self._enqueue(ep, child)
             if self.graph.is_done(ep):
                 self._on_episode_done(state, ep)

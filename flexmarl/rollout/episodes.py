@@ -37,6 +37,7 @@ class Episode:
     trajectory_id: int
     step: int
     outputs: dict[str, NodeOutput] = field(default_factory=dict)
+    skipped: set[str] = field(default_factory=set)  # nodes a loop's early stop left out: never generated
     error: str | None = None  # set when a reward function raised: the episode is not trained on
 
     @property
@@ -61,24 +62,25 @@ def render_prompt(tok: PreTrainedTokenizerBase, prompt: str, system: str | None,
 
 
 class EpisodeGraph:
-    """The MEG as the rollout walks it: graph order, turns, layers, prompts, and what becomes ready.
+    """The MEG as the rollout walks it: the expanded graph (copies and loops unrolled), turns, layers,
+    prompts, and what becomes ready.
 
-    A node of an episode is ready the moment all its parents are done; ``record`` stores a node's output
-    and returns the children it made ready. The pipeline runtime decides when ready nodes are sampled.
+    A node of an episode is ready the moment every parent has run or was skipped by a loop's early stop;
+    ``record`` stores a node's output and returns the nodes it made ready. The pipeline runtime decides
+    when ready nodes are sampled.
     """
 
     def __init__(self, spec: MEGSpec, tokenizers: dict[str, PreTrainedTokenizerBase]) -> None:
         self.spec = spec
         self.tokenizers = tokenizers
-        self.order = spec.graph.order()
+        self.graph = spec.graph.expanded
+        self.order = self.graph.order()
         self.turn = {node: i for i, node in enumerate(self.order)}
-        self.agent_of = {n.name: n.agent for n in spec.graph.nodes}
-        self.parents = {node: spec.graph.parents(node) for node in self.order}
-        self.children = {node: [c for p, c in spec.graph.edges if p == node] for node in self.order}
+        self.agent_of = {n.name: n.agent for n in self.graph.nodes}
         self.layer: dict[str, int] = {}  # longest path from a root: the layered (sync) schedule's stages
         for node in self.order:
-            self.layer[node] = 1 + max((self.layer[p] for p in self.parents[node]), default=-1)
-        self.roots = [n for n in self.order if not self.parents[n]]
+            self.layer[node] = 1 + max((self.layer[p] for p in self.graph.parents(node)), default=-1)
+        self.roots = [n for n in self.order if not self.graph.parents(n)]
 
     def sample_id(self, ep: Episode, node: str) -> str:
         return sample_id(ep.task.input_id, self.turn[node], ep.trajectory_id)
@@ -86,11 +88,14 @@ class EpisodeGraph:
     def prompt(self, ep: Episode, node: str) -> list[int]:
         agent = self.spec.agents[self.agent_of[node]]
         fields = dict(ep.task.fields)
-        fields.update({p: ep.outputs[p].text for p in self.parents[node]})
+        fields.update(self.graph.render_fields(node, {n: out.text for n, out in ep.outputs.items()}))
         return render_prompt(self.tokenizers[self.agent_of[node]], agent.prompt, agent.system, fields)
 
     def record(self, ep: Episode, node: str, prompt_ids: list[int], result: GenerationResult) -> list[str]:
-        """Store the node's output in the episode; return the children that are now ready."""
+        """Store the node's output in the episode; return the nodes that are now ready.
+
+        Also returns, through ``ep.skipped``, the later loop turns an early stop removed.
+        """
         agent = self.agent_of[node]
         text = self.tokenizers[agent].decode(result.response_ids, skip_special_tokens=True)
         ep.outputs[node] = NodeOutput(
@@ -102,9 +107,28 @@ class EpisodeGraph:
             result=result,
             text=text,
             parsed=PARSERS[self.spec.agents[agent].parser](text),
-            parent_ids=[ep.outputs[p].sample_id for p in self.parents[node]],
+            # skipped turns have no sample to point at
+            parent_ids=[ep.outputs[p].sample_id for p in self.graph.parents(node) if p in ep.outputs],
         )
-        return [c for c in self.children[node] if all(p in ep.outputs for p in self.parents[c])]
+        resolved = [node, *self._skip_after_stop(ep, node)]
+        ready: list[str] = []
+        for done in resolved:
+            for child in self.graph.children(done):
+                if child in ep.skipped or child in ready:
+                    continue
+                if all(p in ep.outputs or p in ep.skipped for p in self.graph.parents(child)):
+                    ready.append(child)
+        return ready
+
+    def _skip_after_stop(self, ep: Episode, node: str) -> list[str]:
+        """Bounded loops: once ``node`` meets its loop's stop condition, skip the loop's later turns.
+
+        The skipped nodes were not started (validation makes each wait for the stop node), so they are
+        never generated and leave no samples. Returns the newly skipped nodes.
+        """
+        skip = [n for n in self.graph.skipped_after(node, ep.outputs[node].parsed) if n not in ep.skipped]
+        ep.skipped.update(skip)
+        return skip
 
     def is_done(self, ep: Episode) -> bool:
-        return len(ep.outputs) == len(self.order)
+        return len(ep.outputs) + len(ep.skipped) == len(self.order)

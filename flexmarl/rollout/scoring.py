@@ -22,15 +22,18 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
     Each agent's ``advantage`` setting says how: 'group' scales by the group's std; 'group_mean' and
     'agent' only centre here ('agent' is scaled once the agent's whole batch is known: ``scale_by_agent``).
     A reward function that raises marks its episode failed (``episode.error``); a failed episode's
-    samples keep no reward and are not trained on, and the run goes on.
+    samples keep no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped
+    have no output, so they get no reward and join no group: a group holds only the samples that exist.
     """
+    graph = spec.graph.expanded
     for ep in episodes:
         parsed = {node: out.parsed for node, out in ep.outputs.items()}
+        final = final_nodes(ep, spec)
         try:
             rewards = {
-                node: float(REWARDS[spec.agents[out.agent].reward](
-                    RewardInput(node, out.parsed, ep.task, parsed, spec.graph.parents(node))
-                ))
+                node: float(REWARDS[spec.agents[out.agent].reward](RewardInput(
+                    node, out.parsed, ep.task, parsed, [p for p in graph.parents(node) if p in ep.outputs], final,
+                )))
                 for node, out in ep.outputs.items()
             }
         except Exception as exc:  # noqa: BLE001 - user reward code: record and go on
@@ -51,6 +54,12 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
         )
         for out, adv in zip(outs, advantages, strict=True):
             out.advantage = adv
+
+
+def final_nodes(ep: Episode, spec: MEGSpec) -> tuple[str, ...]:
+    """The episode's nodes that ran and whose output no node that ran reads (e.g. the aggregator)."""
+    graph = spec.graph.expanded
+    return tuple(n for n in ep.outputs if not any(c in ep.outputs for c in graph.children(n)))
 
 
 def scale_by_agent(outputs: list[NodeOutput], *, eps: float) -> None:
@@ -102,7 +111,8 @@ def episode_rows(episodes: list[Episode]) -> pa.Table:
             "trajectory_id": ep.trajectory_id,
             "step": ep.step,
             "task": ep.task.to_json(),
-            "node_status": [(node, "done") for node in ep.outputs],
+            "node_status": [(node, "done") for node in ep.outputs]
+            + [(node, "skipped") for node in sorted(ep.skipped)],  # skipped: a loop stopped early
             "rewards": [(node, out.reward) for node, out in ep.outputs.items() if out.reward is not None],
             "outcome": "failed" if ep.error else "completed",
             "error": ep.error,

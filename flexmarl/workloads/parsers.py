@@ -33,3 +33,21 @@ def verdict(text: str) -> str | None:
     if match is None:
         return None
     return "correct" if match.group(1).lower() in POSITIVE else "incorrect"
+
+
+def text(response: str) -> str | None:
+    """The response itself, stripped; ``None`` when it is empty (e.g. a planner's plan)."""
+    return response.strip() or None
+
+
+FENCED = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def python_code(response: str) -> str | None:
+    """The first fenced code block (```python ... ```), else the whole response; ``None`` when empty.
+
+    Indentation is kept: a function body continuing a HumanEval stub must stay indented.
+    """
+    match = FENCED.search(response)
+    code = match.group(1) if match else response
+    return code.rstrip() if code.strip() else None

@@ -1,4 +1,9 @@
-"""The allow-list of parsers and rewards a config may name. Code listed here is trusted: it runs in workers."""
+"""The allow-list of parsers and rewards a config may name.
+
+Code listed here is trusted: it runs in the driver with the run's permissions (model-written code is run
+only through ``flexmarl.workloads.sandbox``). To add one, write a plain function in ``parsers.py`` or
+``rewards.py`` and list it here; docs/meg.md shows how.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,22 @@ from flexmarl.workloads import parsers, rewards
 PARSERS: dict[str, Callable[[str], str | None]] = {
     "last_number": parsers.last_number,
     "verdict": parsers.verdict,
+    "text": parsers.text,
+    "python_code": parsers.python_code,
 }
 
 REWARDS: dict[str, Callable[[rewards.RewardInput], float]] = {
     "correct_answer": rewards.correct_answer,
     "verdict_matches": rewards.verdict_matches,
+    "final_correct": rewards.final_correct,
+    "passes_tests": rewards.passes_tests,
+    "asserts_agree": rewards.asserts_agree,
+    "code_verdict_matches": rewards.code_verdict_matches,
+}
+
+# Task fields a reward reads beyond ``question`` and the answer; a config whose data lacks them is refused.
+REWARD_TASK_FIELDS: dict[str, set[str]] = {
+    "passes_tests": {"entry_point"},
+    "asserts_agree": {"entry_point"},
+    "code_verdict_matches": {"entry_point"},
 }

@@ -1,14 +1,18 @@
 """Reward functions: plain functions of one node's output in its episode, returning a float.
 
 A reward may raise: the episode is then recorded as failed and the run goes on (see the rollout engine).
+Rewards run on the driver; the code rewards run model-written code only through ``sandbox.run_python``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from flexmarl.workloads.datasets import TaskItem
 from flexmarl.workloads.parsers import canonical_number
+from flexmarl.workloads.sandbox import SandboxLimits, run_python
 
 
 @dataclass(frozen=True)
@@ -17,7 +21,8 @@ class RewardInput:
     parsed: str | None  # this node's parsed output; None when it did not parse
     task: TaskItem
     parsed_outputs: dict[str, str | None]  # every finished node of the episode -> its parsed output
-    parents: list[str]
+    parents: list[str]  # this node's parents that ran (expanded names, e.g. solver_0 .. solver_3)
+    final: tuple[str, ...] = ()  # the episode's final nodes: they ran and no node that ran reads them
 
 
 def _is_correct(parsed: str | None, answer: str) -> bool:
@@ -35,3 +40,76 @@ def verdict_matches(x: RewardInput) -> float:
         return 0.0
     truth = _is_correct(x.parsed_outputs.get(x.parents[0]), x.task.answer)
     return float((x.parsed == "correct") == truth)
+
+
+def final_correct(x: RewardInput) -> float:
+    """The share of the episode's final nodes (e.g. the aggregator) whose answer is correct.
+
+    Rewards a node upstream (a planner) for the team's result rather than for its own text.
+    """
+    if not x.final:
+        return 0.0
+    return sum(_is_correct(x.parsed_outputs.get(n), x.task.answer) for n in x.final) / len(x.final)
+
+
+# --- code (HumanEval): the task's fields hold the stub (question) and entry_point, its answer the tests ---
+
+CODE_LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=5, memory_mb=512)
+
+
+def solution_program(task: TaskItem, code: str) -> str:
+    """The stub (imports, signature, docstring) followed by the code: a whole function or the body."""
+    entry = re.escape(task.fields["entry_point"])
+    if re.search(rf"^\s*def\s+{entry}\s*\(", code, re.MULTILINE):
+        return f"{task.fields['question']}\n\n{code}\n"  # the new definition replaces the stub
+    return f"{task.fields['question']}{code}\n"  # an indented body continuing the stub
+
+
+def hidden_tests_pass(task: TaskItem, code: str | None) -> bool:
+    """Whether ``code`` passes the task's hidden tests (run in the sandbox)."""
+    if code is None:
+        return False
+    return _runs_clean(f"{solution_program(task, code)}\n{task.answer}\n\ncheck({task.fields['entry_point']})\n")
+
+
+@lru_cache(maxsize=4096)  # the coder's and the tester's rewards run the same programs
+def _runs_clean(program: str) -> bool:
+    return run_python(program, limits=CODE_LIMITS).ok
+
+
+def passes_tests(x: RewardInput) -> float:
+    """1.0 when the node's code passes the task's hidden tests."""
+    return float(hidden_tests_pass(x.task, x.parsed))
+
+
+def _parent_code(x: RewardInput) -> str | None:
+    if not x.parents:
+        raise ValueError(f"node {x.node!r}: a code-judging reward needs the coder as a parent node")
+    return x.parsed_outputs.get(x.parents[0])
+
+
+def asserts_agree(x: RewardInput) -> float:
+    """For a tester that writes asserts on the first parent's code.
+
+    0.0 when the asserts are missing (no ``assert`` calling the entry point) or fail on the reference
+    solution; 0.5 when they are valid but judge the parent's code differently from the hidden tests;
+    1.0 when they are valid and agree with the hidden tests.
+    """
+    entry = x.task.fields["entry_point"]
+    tests = x.parsed
+    if tests is None or "assert" not in tests or entry not in tests:
+        return 0.0
+    reference = f"{solution_program(x.task, x.task.meta['canonical_solution'])}\n{tests}\n"
+    if not _runs_clean(reference):
+        return 0.0
+    code = _parent_code(x)
+    tester_accepts = code is not None and _runs_clean(f"{solution_program(x.task, code)}\n{tests}\n")
+    return 1.0 if tester_accepts == hidden_tests_pass(x.task, code) else 0.5
+
+
+def code_verdict_matches(x: RewardInput) -> float:
+    """For a tester that answers with a verdict: 1.0 when it says ``correct`` exactly when the first
+    parent's code passes the hidden tests."""
+    if x.parsed is None:
+        return 0.0
+    return float((x.parsed == "correct") == hidden_tests_pass(x.task, _parent_code(x)))

@@ -36,6 +36,8 @@ def test_validate_accepts_a_good_config_and_rejects_a_cycle(tmp_path: Path) -> N
     res = run(["validate", str(bad)], tmp_path)
     assert res.returncode == 2
     assert "cycle" in res.stderr and "cyclic.yaml" in res.stderr
+    # the fix is printed whole: brackets in the message are not taken for console markup
+    assert "graph.loops like {nodes: [solver, verifier], max_turns: 3}" in " ".join(res.stderr.split())
 
 
 def test_train_tiny_from_the_command_line_then_inspect_the_store(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow.compute as pc
 from distributed import Client, Future
@@ -117,7 +118,10 @@ class PipelineRunner:
         run_key: prefix of the engines' registry keys on the workers.
         tokenizers: per agent, for prompts and decoding on the driver.
         replicas: per agent, the workers holding a replica.
-        trainers: per agent, the worker holding its trainer.
+        trainers: per agent, the worker holding its trainer at the start.
+        slots: the training workers; agents bind them on demand.
+        model_dirs: per agent, its model directory (to rebuild a trainer on another slot).
+        state_dir: where training states are written when they move between workers.
         versions: per agent, the starting policy version.
         tasks: the task stream.
         on_update: called in the loop's thread after each agent update is recorded.
@@ -134,13 +138,20 @@ class PipelineRunner:
         tokenizers: dict,
         replicas: dict[str, list[str]],
         trainers: dict[str, str],
+        slots: list[str],
+        model_dirs: dict[str, str],
+        state_dir: str | Path,
         versions: dict[str, int],
         tasks: TaskStream,
         on_update: Callable[[UpdateEvent], None] | None = None,
     ) -> None:
         self.client, self.cfg, self.policy, self.store = client, cfg, policy, store
         self.run_key, self.tokenizers, self.tasks, self.on_update = run_key, tokenizers, tasks, on_update
-        self.trainers = trainers
+        self.slots = sorted(set(slots))
+        self.location = dict(trainers)  # where each agent's training state lives now
+        self.bound: dict[str, str | None] = {}  # agent -> the slot it holds for its current step
+        self.model_dirs = model_dirs
+        self.state_dir = Path(state_dir)
         self.versions = dict(versions)  # trainer versions
         self.replicas = {a: [Replica(a, w, versions[a]) for w in ws] for a, ws in replicas.items()}
         self.graph = EpisodeGraph(cfg, tokenizers)
@@ -226,7 +237,7 @@ class PipelineRunner:
         swap_s = value.get("swap_s", 0.0) if kind == "train" else 0.0
         if swap_s:
             self.spans.append(Span(worker, "swap", what[1], start, start + swap_s))
-        span_kind = {"generate": "rollout", "sync": "sync"}.get(kind, "train")
+        span_kind = {"generate": "rollout", "sync": "sync", "park": "swap", "move": "swap"}.get(kind, "train")
         self.spans.append(Span(worker, span_kind, what[1], start + swap_s, end))
         if kind == "generate":
             self._on_generated(what[2], what[3], value)
@@ -236,6 +247,8 @@ class PipelineRunner:
             self._on_step_finished(what[1], what[2], what[3], value)
         elif kind == "sync":
             self._on_synced(what[1], what[2], what[3], value)
+        elif kind == "move":
+            self._on_moved(what[1], what[2])
 
     # ------------------------------------------------------------------ rollout
 
@@ -354,22 +367,53 @@ class PipelineRunner:
     # ------------------------------------------------------------------ training
 
     def _dispatch_training(self) -> None:
-        """Each free training slot serves one of its agents: the one whose ready work waited longest."""
-        for worker in sorted(set(self.trainers.values())):
-            if self.slot_busy.get(worker):
-                continue
-            work = {a: w for a in self.cfg.agents if self.trainers[a] == worker and (w := self._training_work(a))}
-            if not work:
-                continue
-            agent = self.policy.pick_agent({a: w[0] for a, w in work.items()})
-            _, mb = work[agent]
-            self.agent_busy[agent] = self.slot_busy[worker] = True
-            step = self.versions[agent]
-            if mb is not None:
-                self._submit(worker, slot.accumulate, self.key(agent), self.store.root, mb.delta_version,
-                             mb.sample_ids, step, what=("train", agent, mb, worker))
+        """Agent-centric slots: an agent with training work binds a free slot and keeps it for its step.
+
+        A bound agent's next micro-batch runs on its slot. Unbound agents with work take the free slots,
+        the one whose ready work waited longest first, preferring the slot that already holds its state;
+        elsewhere its state moves there first (written by one worker, read by the other).
+        """
+        work = {a: w for a in self.cfg.agents if (w := self._training_work(a))}
+        for agent, (_, mb) in sorted(work.items()):
+            bound = self.bound.get(agent)
+            if bound is not None and not self.slot_busy.get(bound):
+                self._run_training(agent, bound, mb)
+        free = [w for w in self.slots if w not in self.bound.values()]
+        waiting = {a: w for a, w in work.items() if self.bound.get(a) is None}
+        while free and waiting:
+            agent = self.policy.pick_agent({a: w[0] for a, w in waiting.items()})
+            _, mb = waiting.pop(agent)
+            target = self.location[agent] if self.location[agent] in free else free[0]
+            free.remove(target)
+            self.bound[agent] = target
+            if target == self.location[agent]:
+                self._run_training(agent, target, mb)
             else:
-                self._submit(worker, slot.finish_step, self.key(agent), what=("finish", agent, step, worker))
+                self._move_state(agent, target)
+
+    def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
+        self.agent_busy[agent] = self.slot_busy[worker] = True
+        step = self.versions[agent]
+        if mb is not None:
+            self._submit(worker, slot.accumulate, self.key(agent), self.store.root, mb.delta_version,
+                         mb.sample_ids, step, what=("train", agent, mb, worker))
+        else:
+            self._submit(worker, slot.finish_step, self.key(agent), what=("finish", agent, step, worker))
+
+    def _move_state(self, agent: str, target: str) -> None:
+        """Park the agent's state on its old worker, resume it on ``target`` (two swap spans)."""
+        self.agent_busy[agent] = self.slot_busy[target] = True
+        state_dir = str(self.state_dir / agent)
+        parked = self._submit(self.location[agent], slot.park, self.key(agent), state_dir,
+                              what=("park", agent))
+        trainer_cfg, sampling = self.trainer_cfg[agent], self.cfg.agents[agent].sampling
+        self._submit(target, slot.resume, self.key(agent), self.model_dirs[agent], trainer_cfg,
+                     sampling.temperature, sampling.max_new_tokens, state_dir, parked,
+                     what=("move", agent, target))
+
+    def _on_moved(self, agent: str, target: str) -> None:
+        self.location[agent] = target
+        self.agent_busy[agent] = self.slot_busy[target] = False
 
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due."""
@@ -390,6 +434,7 @@ class PipelineRunner:
 
     def _on_step_finished(self, agent: str, step: int, worker: str, result) -> None:
         self.slot_busy[worker] = False  # the agent itself stays busy until its replicas have the weights
+        self.bound[agent] = None  # its step is done: the slot is free for whoever is ready next
         batches = self.micro.pop((agent, step))
         rewards = self.rewards.pop((agent, step), [])
         lags = self.lags.pop((agent, step), [])
@@ -407,7 +452,7 @@ class PipelineRunner:
             sum(lags) / len(lags) if lags else 0.0, len(self.waiting[agent]),
         )
         self.updates.append(event)
-        weights = self.client.submit(slot.weights, self.key(agent), workers=[self.trainers[agent]],
+        weights = self.client.submit(slot.weights, self.key(agent), workers=[self.location[agent]],
                                      allow_other_workers=False, pure=False)
         for rep in self.replicas[agent]:
             self.pending_syncs[agent] += 1

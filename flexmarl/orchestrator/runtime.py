@@ -101,10 +101,11 @@ class Runtime:
         slots = self.cfg.training.slots
         if slots is not None and slots > len(train_workers):
             raise ValueError(f"training.slots={slots} but only {len(train_workers)} training workers exist")
-        # Agents share the training slots round-robin (M <= N is fine: a slot serves its agents in turn,
-        # swapping their states on and off its device). With load balancing every rollout worker holds a
-        # replica of every agent; otherwise the agent has one replica, placed round-robin.
-        self.trainers = place(list(self.cfg.agents), train_workers[:slots])
+        # Agents start on the training slots round-robin and bind a free slot whenever they have work (M <= N
+        # is fine; a slot swaps states on and off its device). With load balancing every rollout worker holds
+        # a replica of every agent; otherwise the agent has one replica, placed round-robin.
+        self.slots = train_workers[:slots]
+        self.trainers = place(list(self.cfg.agents), self.slots)
         self.replicas = (
             {a: list(rollout_workers) for a in self.cfg.agents}
             if self.cfg.rollout.load_balance
@@ -146,12 +147,14 @@ class Runtime:
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
             run_key=self.ctx.run_id, tokenizers=self.tokenizers, replicas=self.replicas, trainers=self.trainers,
+            slots=self.slots, model_dirs=self.model_dirs, state_dir=Path(self.ctx.run_dir) / "state",
             versions=self.versions, tasks=self.tasks, on_update=self.events.put,
         )
         try:
             result = runner.run()
         finally:
             self.events.put(None)  # tells a consumer of `events` that no more will come
+            self.trainers = dict(runner.location)  # agents may have moved between slots
         self.versions = dict(runner.versions)
         return result
 

@@ -17,7 +17,7 @@ import torch
 
 from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.state import move
+from flexmarl.training.state import load_state, move, save_state
 from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult
 from storage.store import ExperienceStore
 
@@ -62,6 +62,27 @@ def activate(key: str) -> float:
     move(trainer(key), "device")
     registry["slot:on-device"] = key
     return time.perf_counter() - start
+
+
+def park(key: str, state_dir: str) -> int:
+    """Write ``key``'s whole training state to ``state_dir`` and drop it from this worker; returns bytes."""
+    registry = engines()
+    written = save_state(trainer(key), Path(state_dir))
+    del registry[_key(key)]
+    if registry.get("slot:on-device") == key:
+        del registry["slot:on-device"]
+    return written
+
+
+def resume(
+    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, state_dir: str,
+    _after: object = None,
+) -> str:
+    """Rebuild ``key``'s trainer on this worker from the state ``park`` wrote (``_after``: the park's result,
+    so that Dask runs this only once the state is written)."""
+    start_trainer(key, model_dir, config, temperature, max_new_tokens, version=0)
+    load_state(trainer(key), Path(state_dir))
+    return worker_address()
 
 
 def accumulate(key: str, store_uri: str, samples_version: int, sample_ids: list[str], step: int) -> dict:

@@ -109,3 +109,25 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
         with pytest.raises(WeightSyncError, match=r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s"):
             run_mode(cfg, tmp_path / "hang", cluster.scheduler_address)
         assert not hang_over.exists()  # it failed at its timeout, not when the replica came back
+
+
+def test_an_agent_moves_to_a_free_slot_with_its_whole_state(tmp_path: Path, address: str) -> None:
+    from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+
+    cfg = load_config(preset="fan_out", overrides=[*SMALL, *MODES["flexmarl"]])
+    _, reference = run_mode(cfg, tmp_path / "reference", address)
+
+    run_id, store_uri = prepare_run(cfg, tmp_path / "moving")
+    runtime = Runtime(RunContext(run_id, str(tmp_path / "moving"), store_uri, address), cfg)
+    try:
+        crowded = runtime.slots[0]
+        runtime.trainers = {a: crowded for a in cfg.agents}  # every state starts on one of the two slots
+        runtime.start_engines()
+        result = runtime.run()
+        moved = {a for a, w in runtime.trainers.items() if w != crowded}
+        weights = {a: runtime.weights(a) for a in cfg.agents}
+    finally:
+        runtime.close()
+    assert moved, "an agent should have taken the free slot"
+    assert {s.worker for s in result.spans if s.kind == "swap"} == set(runtime.slots)  # parked, then resumed
+    assert max_diff(reference, weights) <= 1e-5  # the move carried weights, optimizer state and version

@@ -33,3 +33,24 @@ def pipeline(
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     console.print((out / "report.md").read_text(), markup=False)
+
+
+@bench_app.command("swap")
+def swap(
+    out: Annotated[Path, typer.Option(help="Output directory for bench_swap.json.")],
+    models: Annotated[str, typer.Option(help="Comma-separated model settings.")] = "tiny,smollm2-135m-instruct",
+) -> None:
+    """Time moving an agent's whole training state device <-> host <-> disk, and check it is bit-exact."""
+    import json
+
+    from flexmarl.bench.swap_bench import bench_swap
+
+    report = bench_swap([m.strip() for m in models.split(",") if m.strip()], log=console.print)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_swap.json").write_text(json.dumps(report, indent=2))
+    for model, r in report["models"].items():
+        console.print(
+            f"{model}: {r['state_bytes'] / 1e6:.1f} MB, to host {r['to_host_gb_per_s']:.2f} GB/s, "
+            f"to device {r['to_device_gb_per_s']:.2f} GB/s, to disk {r['to_disk_gb_per_s']:.2f} GB/s, "
+            f"from disk {r['from_disk_gb_per_s']:.2f} GB/s, bit exact {r['bit_exact']} ({r['device']})"
+        )

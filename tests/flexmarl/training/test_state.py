@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import torch
 
+from flexmarl.models.loading import resolve_model
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import load_state, move, save_state
 from flexmarl.training.trainer import AgentTrainer
@@ -57,3 +58,15 @@ def test_host_device_round_trip_keeps_the_state(tiny_dir) -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)
     a.train_step(make_batch(tiny_dir, [1.0, -1.0]))  # still trains after the moves
     assert a.version == 2
+
+
+def test_swap_benchmark_reports_every_leg_and_a_bit_exact_round_trip(model_cache) -> None:
+    from flexmarl.bench.swap_bench import bench_swap
+
+    report = bench_swap(["tiny"], log=lambda _: None)
+    tiny = report["models"]["tiny"]
+    assert report["bit_exact"] and tiny["bit_exact"] and tiny["device"] == report["device"]
+    params = AgentTrainer("x", resolve_model("tiny"), TrainerConfig(), temperature=1.0).model.parameters()
+    assert tiny["state_bytes"] >= 3 * sum(p.numel() * 4 for p in params)  # weights + two Adam moments
+    for leg in ("to_host_s", "to_device_s", "to_disk_s", "from_disk_s"):
+        assert tiny[leg] > 0

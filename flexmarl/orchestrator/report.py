@@ -17,8 +17,10 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
     store = ExperienceStore(ctx.store_uri, storage_options=cfg.store.storage_options or None)
     update_rows = store.read(UPDATES)
     busy: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    worker_busy: dict[str, float] = defaultdict(float)
     for span in result.spans:
         busy[span.agent][span.kind] += span.end - span.start
+        worker_busy[span.worker] += span.end - span.start
     agents = {}
     for agent in cfg.agents:
         samples = store.read_samples(agent, columns=["step", "reward", "response_ids"])
@@ -50,6 +52,9 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
         "pipeline_s": result.wall_s,
         "utilization": result.utilization(),
         "workers": len(result.workers),
+        # busy fraction of each worker (rollout replicas and training slots alike)
+        "worker_utilization": {w: worker_busy[w] / result.wall_s if result.wall_s > 0 else 0.0
+                               for w in result.workers},
         "tokens_per_s": result.tokens / result.wall_s if result.wall_s > 0 else 0.0,
         "run_dir": ctx.run_dir,
         "store_uri": ctx.store_uri,

@@ -105,6 +105,7 @@ class StepState:
     episodes: list[Episode]
     groups: dict[int, list[Episode]]  # query index -> its episodes
     query_of: dict[str, int]  # input id -> query index
+    done_groups: int = 0
     finished_nodes: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # layer -> count
 
 
@@ -333,8 +334,10 @@ class PipelineRunner:
         if not all(self.graph.is_done(e) for e in group):
             return
         score(group, self.cfg, self.trainer_cfg)
-        self.episode_seq += 1
-        self.store.append_episodes(episode_rows(group), app_id="rollout:episodes", seq=self.episode_seq)
+        state.done_groups += 1
+        if state.done_groups == len(state.groups):  # one episodes commit per step: training does not wait on it
+            self.episode_seq += 1
+            self.store.append_episodes(episode_rows(state.episodes), app_id="rollout:episodes", seq=self.episode_seq)
         for agent in self.cfg.agents:
             batches = self.micro[(agent, state.step)]
             mb = next(m for m in batches if q in m.queries)

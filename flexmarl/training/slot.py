@@ -95,8 +95,9 @@ def accumulate(key: str, store_uri: str, samples_version: int, sample_ids: list[
     if t.version > step:
         raise RuntimeError(f"trainer {key!r} is at v{t.version}, past step {step}: refusing to train twice")
     agent = key.rsplit("/", 1)[-1]
-    rows = ExperienceStore(store_uri).read_samples(agent, version=samples_version)
-    rows = rows.filter(pc.is_in(rows["sample_id"], pa.array(sample_ids)))
+    store = ExperienceStore(store_uri)
+    wanted = pc.field("sample_id").isin(pa.array(sample_ids))  # pushed down: skips files by their stats
+    rows = store.read(store.samples_table(agent), version=samples_version, filter=wanted).sort_by("sample_id")
     if rows.num_rows != len(sample_ids):
         raise RuntimeError(
             f"micro-batch of {agent!r} step {step}: {len(sample_ids)} samples expected at Delta version "

@@ -110,7 +110,7 @@ class Runtime:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.cfg = load_config(Path(ctx.run_dir) / CONFIG_FILE)
-        self.store = ExperienceStore(ctx.store_uri, storage_options=self.cfg.store.storage_options or None)
+        self.store = ExperienceStore.from_config(ctx.store_uri, self.cfg.store)
         self.client: Client = connect(ctx.address, timeout_s=self.cfg.cluster.connect_timeout_s)
         self.model_dirs = {a: str(resolve_model(s.model, seed=self.cfg.train.seed)) for a, s in self.cfg.agents.items()}
         self.tokenizers = {a: load_tokenizer(Path(d)) for a, d in self.model_dirs.items()}

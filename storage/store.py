@@ -33,7 +33,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from storage.config import DEFAULT_COMPACT_AFTER_FILES
+from storage.config import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_COMPACT_AFTER_FILES
 from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, UPDATE_SCHEMA, SampleStatus
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class ExperienceStore:
             conflicts between concurrent writers.
         compact_after_files: compact a table after an append that leaves it with at least this many data
             files; 0 turns automatic compaction off.
+        checkpoint_interval: commits between Delta checkpoints of the tables this store creates.
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class ExperienceStore:
         storage_options: dict[str, str] | None = None,
         max_commit_attempts: int = 10,
         compact_after_files: int = DEFAULT_COMPACT_AFTER_FILES,
+        checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
     ) -> None:
         if compact_after_files < 0:
             raise ValueError(f"compact_after_files must be >= 0 (0 turns it off), got {compact_after_files}")
@@ -98,11 +100,17 @@ class ExperienceStore:
         self.storage_options = storage_options
         self.max_commit_attempts = max_commit_attempts
         self.compact_after_files = compact_after_files
+        self.checkpoint_interval = checkpoint_interval
 
     @classmethod
     def from_config(cls, uri: str | os.PathLike, cfg: StoreConfig) -> ExperienceStore:
         """The store at ``uri`` with the settings of a run's ``store`` config section."""
-        return cls(uri, storage_options=cfg.storage_options or None, compact_after_files=cfg.compact_after_files)
+        return cls(
+            uri,
+            storage_options=cfg.storage_options or None,
+            compact_after_files=cfg.compact_after_files,
+            checkpoint_interval=cfg.checkpoint_interval,
+        )
 
     @property
     def maintenance(self) -> StoreMaintenance:
@@ -122,7 +130,8 @@ class ExperienceStore:
         return f"{SAMPLES_DIR}/{agent}"
 
     def create(self, agents: Iterable[str]) -> None:
-        """Create any missing table (empty, with its schema). Safe to call on an existing store."""
+        """Create any missing table (empty, with its schema). Safe to call on an existing store: existing
+        tables, and their properties, are left as they are."""
         wanted = {EPISODES: EPISODE_SCHEMA, UPDATES: UPDATE_SCHEMA}
         wanted.update({self.samples_table(a): SAMPLE_SCHEMA for a in agents})
         for table, schema in wanted.items():
@@ -130,6 +139,7 @@ class ExperienceStore:
                 self.table_uri(table),
                 schema.empty_table(),
                 mode="ignore",  # leaves an existing table untouched
+                configuration={"delta.checkpointInterval": str(self.checkpoint_interval)},
                 storage_options=self.storage_options,
             )
 

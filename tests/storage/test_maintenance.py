@@ -6,9 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
-from storage.maintenance import COMPACTION_LEASE, StoreMaintenance
+from storage.config import StoreConfig
+from storage.maintenance import COMPACTED_ROW_GROUP_ROWS, COMPACTION_LEASE, StoreMaintenance
 from storage.store import ExperienceStore, StoreError
 
 
@@ -145,3 +147,23 @@ def test_vacuum_deletes_only_unreferenced_files_and_is_not_a_dry_run(store: Expe
 def test_vacuum_below_the_minimum_retention_names_the_fix(store: ExperienceStore) -> None:
     with pytest.raises(StoreError, match="enforce_retention_duration=False"):
         store.maintenance.vacuum("samples/solver", retention_hours=1)
+
+
+def test_compacted_files_keep_row_groups_small(store: ExperienceStore, make_rows) -> None:
+    for k in range(2):
+        store.append_samples("solver", make_rows("solver", [f"q{k}_{i:04d}_0" for i in range(700)]), app_id="r",
+                             seq=k + 1)
+    store.maintenance.compact("samples/solver")
+    (path,) = store.open("samples/solver").file_uris()
+    metadata = pq.ParquetFile(path).metadata
+    assert metadata.num_rows == 1400
+    assert max(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)) <= COMPACTED_ROW_GROUP_ROWS
+
+
+def test_tables_are_created_with_the_configured_checkpoint_interval(tmp_path) -> None:
+    cfg = StoreConfig(checkpoint_interval=3, compact_after_files=7)
+    store = ExperienceStore.from_config(tmp_path / "store", cfg)
+    assert store.compact_after_files == 7
+    store.create(["solver"])
+    for table in store.tables():
+        assert store.open(table).metadata().configuration["delta.checkpointInterval"] == "3"

@@ -1,7 +1,7 @@
 """Serve the deployments of ``prefect.yaml`` from this process, without a work pool or worker.
 
     python -m deployments.serve            # every deployment, with its schedules
-    python -m deployments.serve tiny       # only the named ones
+    python -m deployments.serve tiny daily # only the named ones
 
 The definitions (parameters, schedules) are read from ``prefect.yaml``, their one source.
 """
@@ -16,9 +16,14 @@ from prefect import serve
 from prefect.schedules import Cron
 
 from flows.evaluate import evaluate_run
+from flows.maintain_store import maintain_store
 from flows.train import train_run
 
-FLOWS = {"flows/train.py:train_run": train_run, "flows/evaluate.py:evaluate_run": evaluate_run}
+FLOWS = {
+    "flows/train.py:train_run": train_run,
+    "flows/evaluate.py:evaluate_run": evaluate_run,
+    "flows/maintain_store.py:maintain_store": maintain_store,
+}
 
 
 def deployments_from_yaml(path: Path, names: set[str] | None = None) -> list:

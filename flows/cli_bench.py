@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
 from flows.cli_output import console, fail
 
@@ -41,8 +43,6 @@ def swap(
     models: Annotated[str, typer.Option(help="Comma-separated model settings.")] = "tiny,smollm2-135m-instruct",
 ) -> None:
     """Time moving an agent's whole training state device <-> host <-> disk, and check it is bit-exact."""
-    import json
-
     from flexmarl.bench.swap_bench import bench_swap
 
     report = bench_swap([m.strip() for m in models.split(",") if m.strip()], log=console.print)
@@ -54,3 +54,29 @@ def swap(
             f"to device {r['to_device_gb_per_s']:.2f} GB/s, to disk {r['to_disk_gb_per_s']:.2f} GB/s, "
             f"from disk {r['from_disk_gb_per_s']:.2f} GB/s, bit exact {r['bit_exact']} ({r['device']})"
         )
+
+
+@bench_app.command("store")
+def bench_store(
+    out: Annotated[Path, typer.Option(help="Directory for bench_store.json (and the scratch stores).")],
+    commits: Annotated[int, typer.Option(min=2, help="Micro-batch commits per store.")] = 1000,
+    rows_per_commit: Annotated[int, typer.Option(min=1, help="Rows per micro-batch.")] = 64,
+    compact_after_files: Annotated[int, typer.Option(min=1, help="Threshold of the compacting store.")] = 200,
+) -> None:
+    """Append and ready() latency of the experience store, with and without automatic compaction."""
+    from flexmarl.bench.store_bench import run_store_bench
+
+    out.mkdir(parents=True, exist_ok=True)
+    report = run_store_bench(out, commits=commits, rows_per_commit=rows_per_commit,
+                             compact_after_files=compact_after_files)
+    path = out / "bench_store.json"
+    path.write_text(json.dumps(report, indent=2))
+    table = Table(title=f"store: {commits} commits of {rows_per_commit} rows")
+    for col in ("store", "append p50 ms", "append p99 ms", "rows/s", "ready p50 ms", "ready p99 ms", "files"):
+        table.add_column(col)
+    for name, a in report["append"].items():
+        r = report["ready"][name]["latency"]
+        table.add_row(name, str(a["latency"]["p50_ms"]), str(a["latency"]["p99_ms"]), str(a["rows_per_s"]),
+                      str(r["p50_ms"]), str(r["p99_ms"]), str(a["final_files"]))
+    console.print(table)
+    console.print(f"report: {path}")

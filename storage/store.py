@@ -5,27 +5,42 @@ Every append is idempotent: the caller names the logical writer (``app_id``) and
 commit whose sequence number was already recorded. A retried or re-run task therefore never writes a row
 twice. Readers pin a Delta version, so every stage sees one consistent snapshot.
 
+Training reads with ``ready()``: the next micro-batch of rewarded samples that no update has consumed yet.
+Maintenance (compaction, checkpoints, vacuum) lives under ``store.maintenance``; an append that leaves a
+table with many small files compacts it (``compact_after_files``).
+
 Example:
     >>> store = ExperienceStore("runs/demo/store")
     >>> store.create(["solver", "verifier"])
     >>> store.append_samples("solver", rows, app_id="rollout:solver", seq=1)
+    >>> batch, version = store.ready("solver", policy_version=0, n=64)
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, UPDATE_SCHEMA
+from storage.config import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_COMPACT_AFTER_FILES
+from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, UPDATE_SCHEMA, SampleStatus
+
+if TYPE_CHECKING:
+    from storage.config import StoreConfig
+    from storage.maintenance import StoreMaintenance
+
+log = logging.getLogger(__name__)
 
 SAMPLES_DIR = "samples"
 EPISODES = "episodes"
@@ -45,6 +60,13 @@ class Commit:
     skipped: bool  # True when this (app_id, seq) was already committed
 
 
+class ReadyBatch(NamedTuple):
+    """A micro-batch from ``ExperienceStore.ready``: the rows and the Delta version they were read at."""
+
+    rows: pa.Table
+    version: int
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 
@@ -57,6 +79,9 @@ class ExperienceStore:
         storage_options: passed to deltalake for object stores.
         max_commit_attempts: our own retries (with jittered backoff) on top of deltalake's, for commit
             conflicts between concurrent writers.
+        compact_after_files: compact a table after an append that leaves it with at least this many data
+            files; 0 turns automatic compaction off.
+        checkpoint_interval: commits between Delta checkpoints of the tables this store creates.
     """
 
     def __init__(
@@ -65,11 +90,34 @@ class ExperienceStore:
         *,
         storage_options: dict[str, str] | None = None,
         max_commit_attempts: int = 10,
+        compact_after_files: int = DEFAULT_COMPACT_AFTER_FILES,
+        checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
     ) -> None:
+        if compact_after_files < 0:
+            raise ValueError(f"compact_after_files must be >= 0 (0 turns it off), got {compact_after_files}")
         root = str(root)
         self.root = root if "://" in root else os.path.abspath(root)
         self.storage_options = storage_options
         self.max_commit_attempts = max_commit_attempts
+        self.compact_after_files = compact_after_files
+        self.checkpoint_interval = checkpoint_interval
+
+    @classmethod
+    def from_config(cls, uri: str | os.PathLike, cfg: StoreConfig) -> ExperienceStore:
+        """The store at ``uri`` with the settings of a run's ``store`` config section."""
+        return cls(
+            uri,
+            storage_options=cfg.storage_options or None,
+            compact_after_files=cfg.compact_after_files,
+            checkpoint_interval=cfg.checkpoint_interval,
+        )
+
+    @property
+    def maintenance(self) -> StoreMaintenance:
+        """Compaction, checkpoints and vacuum of this store's tables (see ``storage.maintenance``)."""
+        from storage.maintenance import StoreMaintenance  # imported here: maintenance imports this module
+
+        return StoreMaintenance(self)
 
     # ---------------------------------------------------------------- table names and creation
 
@@ -82,7 +130,8 @@ class ExperienceStore:
         return f"{SAMPLES_DIR}/{agent}"
 
     def create(self, agents: Iterable[str]) -> None:
-        """Create any missing table (empty, with its schema). Safe to call on an existing store."""
+        """Create any missing table (empty, with its schema). Safe to call on an existing store: existing
+        tables, and their properties, are left as they are."""
         wanted = {EPISODES: EPISODE_SCHEMA, UPDATES: UPDATE_SCHEMA}
         wanted.update({self.samples_table(a): SAMPLE_SCHEMA for a in agents})
         for table, schema in wanted.items():
@@ -90,6 +139,7 @@ class ExperienceStore:
                 self.table_uri(table),
                 schema.empty_table(),
                 mode="ignore",  # leaves an existing table untouched
+                configuration={"delta.checkpointInterval": str(self.checkpoint_interval)},
                 storage_options=self.storage_options,
             )
 
@@ -152,8 +202,20 @@ class ExperienceStore:
                     storage_options=self.storage_options,
                 )
                 dt.update_incremental()
-                return Commit(table, dt.version(), skipped=False)
-        raise AssertionError("unreachable")  # pragma: no cover
+                commit = Commit(table, dt.version(), skipped=False)
+                break
+        # The file count comes from the snapshot we already hold (the log), not from listing the directory.
+        if self.compact_after_files and len(dt.file_uris()) >= self.compact_after_files:
+            self._compact_quietly(table)
+        return commit
+
+    def _compact_quietly(self, table: str) -> None:
+        """Automatic compaction: best effort, since the rows are already committed and a later append retries."""
+        try:
+            self.maintenance.compact(table)
+        except (DeltaError, StoreError, OSError) as exc:
+            log.warning("automatic compaction of %s under %s failed (the append itself is committed): %s",
+                        table, self.root, exc)
 
     def append_samples(self, agent: str, data: pa.Table, *, app_id: str, seq: int) -> Commit:
         return self.append(self.samples_table(agent), data, app_id=app_id, seq=seq, schema=SAMPLE_SCHEMA)
@@ -199,10 +261,33 @@ class ExperienceStore:
         version: int | None = None,
         filter: pc.Expression | None = None,
         columns: list[str] | None = None,
+        prune: list[tuple[str, str, object]] | None = None,
     ) -> pa.Table:
-        """Read a table at a pinned Delta version (latest when ``None``)."""
-        dataset = self.open(table, version=version).to_pyarrow_dataset()
-        return dataset.to_table(filter=filter, columns=columns)
+        """Read a table at a pinned Delta version (latest when ``None``); ``prune`` as in ``dataset``."""
+        return self.dataset(table, version=version, prune=prune).to_table(filter=filter, columns=columns)
+
+    def dataset(
+        self,
+        table: str,
+        *,
+        version: int | None = None,
+        dt: DeltaTable | None = None,
+        prune: list[tuple[str, str, object]] | None = None,
+    ) -> ds.Dataset:
+        """A pyarrow dataset of the table at a pinned version (or of ``dt``, an already opened snapshot).
+
+        ``prune`` keeps only the files whose statistics allow a match, e.g. ``[("policy_version", "=", 3)]``;
+        building a dataset costs about 1 ms per file, so this matters for tables that are not compacted.
+
+        Local tables are read through pyarrow's own file system. deltalake's default, a file system written in
+        Python, leaves read-ahead buffers that the interpreter may free after it has shut down, which aborts
+        the process at exit ("terminate called without an active exception") in about one run in four.
+        """
+        dt = dt if dt is not None else self.open(table, version=version)
+        if "://" in self.root and not self.root.startswith("file://"):
+            return dt.to_pyarrow_dataset(file_pruning_predicate=prune)
+        local, path = pafs.FileSystem.from_uri(self.table_uri(table))
+        return dt.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(path, local), file_pruning_predicate=prune)
 
     def read_samples(
         self,
@@ -213,11 +298,73 @@ class ExperienceStore:
         columns: list[str] | None = None,
     ) -> pa.Table:
         """An agent's samples, sorted by ``sample_id`` (a deterministic order for training)."""
-        flt = None if policy_version is None else pc.field("policy_version") == policy_version
-        rows = self.read(self.samples_table(agent), version=version, filter=flt, columns=columns)
+        flt, prune = None, None
+        if policy_version is not None:
+            flt, prune = pc.field("policy_version") == policy_version, [("policy_version", "=", policy_version)]
+        rows = self.read(self.samples_table(agent), version=version, filter=flt, columns=columns, prune=prune)
         if "sample_id" in rows.column_names:
             rows = rows.sort_by("sample_id")
         return rows
+
+    def consumed_ids(self, agent: str, *, version: int | None = None, newer_than: int | None = None) -> pa.Array:
+        """Sample ids that ``agent``'s recorded updates consumed (read from the updates table).
+
+        ``newer_than`` keeps only the updates that produced a version above it: the only ones that can have
+        consumed samples generated by that version, since an update to v trains on samples of versions < v.
+        """
+        flt = pc.field("agent") == agent
+        if newer_than is not None:
+            flt &= pc.field("policy_version") > newer_than
+        updates = self.read(UPDATES, version=version, filter=flt, columns=["consumed_ids"])
+        if not updates.num_rows:
+            return pa.array([], pa.string())
+        return pc.list_flatten(updates["consumed_ids"]).combine_chunks()
+
+    def ready(
+        self, agent: str, policy_version: int, n: int, *, version: int | None = None, after: str | None = None
+    ) -> ReadyBatch:
+        """The next micro-batch for training: up to ``n`` rewarded, committed samples of ``policy_version``
+        that no recorded update of ``agent`` has consumed, in ``sample_id`` order.
+
+        The sample table is read at one pinned Delta version (``version``, or the latest), returned with the
+        rows so that the caller can record what it read. Consumption is read from the latest updates table, so
+        a sample that an update has consumed is never handed out again. Consumption is recorded only at the
+        optimizer step; to page through the micro-batches of one global batch before that, pass the last
+        ``sample_id`` of the previous page as ``after``.
+
+        Args:
+            agent: whose samples.
+            policy_version: the weights that generated them.
+            n: at most this many rows.
+            version: Delta version of the agent's sample table (default: latest).
+            after: only sample ids greater than this one (keyset paging).
+
+        Returns:
+            ``ReadyBatch(rows, version)``; ``rows`` has at most ``n`` rows, sorted by ``sample_id``.
+
+        Example:
+            >>> page, pinned = store.ready("solver", 0, 64)
+            >>> nxt, _ = store.ready("solver", 0, 64, version=pinned, after=page["sample_id"][-1].as_py())
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        dt = self.open(self.samples_table(agent), version=version)
+        # Filters are pushed down: file statistics drop files of other policy versions before the scan.
+        flt = (pc.field("policy_version") == policy_version) & (pc.field("status") == SampleStatus.REWARDED.value)
+        if after is not None:
+            flt &= pc.field("sample_id") > after
+        consumed = self.consumed_ids(agent, newer_than=policy_version)  # older updates cannot have used them
+        if len(consumed):
+            flt &= ~pc.field("sample_id").isin(consumed)
+        dataset = self.dataset(self.samples_table(agent), dt=dt, prune=[("policy_version", "=", policy_version)])
+        # Choose the ids from the id column alone, then read the payload columns of those rows only.
+        ids = dataset.to_table(columns=["sample_id"], filter=flt)
+        if ids.num_rows == 0:
+            return ReadyBatch(dataset.schema.empty_table(), dt.version())
+        if ids.num_rows > n:
+            ids = ids.take(pc.select_k_unstable(ids, k=n, sort_keys=[("sample_id", "ascending")]))
+        rows = dataset.to_table(filter=flt & pc.field("sample_id").isin(ids["sample_id"]))
+        return ReadyBatch(rows.sort_by("sample_id"), dt.version())
 
     def policy_version(self, agent: str) -> int:
         """The agent's latest recorded policy version (0 before its first update)."""
@@ -242,11 +389,18 @@ class ExperienceStore:
                     "bytes": int(pc.sum(actions["size_bytes"]).as_py() or 0) if actions.num_rows else 0,
                 }
             except DeltaError as exc:  # a corrupted table is reported, not fatal for the others
-                tables[table] = {"uri": self.table_uri(table), "error": str(exc)}
+                tables[table] = {"uri": self.table_uri(table), "error": error_summary(exc)}
         agents: dict[str, dict] = {}
         for agent in self.agents():
             table = self.samples_table(agent)
-            versions = self.read(table, columns=["policy_version"])["policy_version"]
+            if "error" in tables.get(table, {}):
+                agents[agent] = {"table": table, "error": tables[table]["error"]}
+                continue
+            try:
+                versions = self.read(table, columns=["policy_version"])["policy_version"]
+            except (OSError, pa.ArrowException) as exc:  # a data file is missing or damaged
+                agents[agent] = {"table": table, "error": error_summary(exc)}
+                continue
             counts = pc.value_counts(versions).to_pylist() if len(versions) else []
             agents[agent] = {
                 "table": table,
@@ -254,3 +408,8 @@ class ExperienceStore:
                 "by_version": {str(c["values"]): c["counts"] for c in sorted(counts, key=lambda c: c["values"])},
             }
         return {"root": self.root, "tables": tables, "agents": agents}
+
+
+def error_summary(exc: BaseException) -> str:
+    """An error's first line: deltalake appends a native backtrace to its messages."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -14,7 +14,7 @@ from storage.store import UPDATES, ExperienceStore
 
 def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wall_s: float) -> dict:
     """Per-agent counts read back from the store (so the report cannot disagree with it), plus timings."""
-    store = ExperienceStore(ctx.store_uri, storage_options=cfg.store.storage_options or None)
+    store = ExperienceStore.from_config(ctx.store_uri, cfg.store)
     update_rows = store.read(UPDATES)
     busy: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     worker_busy: dict[str, float] = defaultdict(float)

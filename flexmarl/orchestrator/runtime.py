@@ -52,7 +52,7 @@ def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
     except OSError as exc:
         raise PermissionError(f"cannot write the run directory {run_path}: {exc.strerror}; choose another --run-dir") from None
     store_uri = cfg.store.uri or str(run_path / "store")
-    store = ExperienceStore(store_uri, storage_options=cfg.store.storage_options or None)
+    store = ExperienceStore.from_config(store_uri, cfg.store)
     store.create(cfg.agents)
     for agent in cfg.agents.values():  # build or convert each model once, before the workers load it
         resolve_model(agent.model, seed=cfg.train.seed)
@@ -91,7 +91,7 @@ class Runtime:
     def __init__(self, ctx: RunContext, cfg: RunConfig | None = None) -> None:
         self.ctx = ctx
         self.cfg = cfg or load_config(Path(ctx.run_dir) / CONFIG_FILE)
-        self.store = ExperienceStore(ctx.store_uri, storage_options=self.cfg.store.storage_options or None)
+        self.store = ExperienceStore.from_config(ctx.store_uri, self.cfg.store)
         self.client: Client = connect(ctx.address, timeout_s=self.cfg.cluster.connect_timeout_s)
         self.model_dirs = {a: str(resolve_model(s.model, seed=self.cfg.train.seed)) for a, s in self.cfg.agents.items()}
         self.tokenizers = {a: load_tokenizer(Path(d)) for a, d in self.model_dirs.items()}

@@ -2,68 +2,43 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from storage.schema import SAMPLE_SCHEMA, SampleStatus
 from storage.store import ExperienceStore, StoreError
 
 
-def rows(agent: str, ids: list[str], *, policy_version: int = 0, step: int = 0) -> pa.Table:
-    return pa.Table.from_pylist(
-        [
-            {
-                "sample_id": sid, "episode_id": sid.rsplit("_", 1)[0], "input_id": "q", "turn": 0,
-                "trajectory_id": i, "node": agent, "agent": agent, "step": step, "policy_version": policy_version,
-                "prompt_ids": [1, 2, 3], "response_ids": [4, 5], "logprobs": [-0.5, -1.5], "finish_reason": "stop",
-                "parsed": "4", "reward": 1.0, "advantage": 0.5, "status": SampleStatus.REWARDED.value,
-                "parent_ids": [], "created_at": datetime.now(UTC),
-            }
-            for i, sid in enumerate(ids)
-        ],
-        schema=SAMPLE_SCHEMA,
-    )
-
-
-@pytest.fixture
-def store(tmp_path) -> ExperienceStore:
-    s = ExperienceStore(tmp_path / "store")
-    s.create(["solver", "verifier"])
-    return s
-
-
-def test_same_commit_twice_is_stored_once(store: ExperienceStore) -> None:
-    first = store.append_samples("solver", rows("solver", ["q_0_0", "q_0_1"]), app_id="rollout:solver", seq=1)
-    again = store.append_samples("solver", rows("solver", ["q_0_0", "q_0_1"]), app_id="rollout:solver", seq=1)
+def test_same_commit_twice_is_stored_once(store: ExperienceStore, make_rows) -> None:
+    first = store.append_samples("solver", make_rows("solver", ["q_0_0", "q_0_1"]), app_id="rollout:solver", seq=1)
+    again = store.append_samples("solver", make_rows("solver", ["q_0_0", "q_0_1"]), app_id="rollout:solver", seq=1)
     assert not first.skipped and again.skipped
     assert again.version == first.version
     assert store.read_samples("solver").num_rows == 2
     # a later sequence number is a new commit
-    store.append_samples("solver", rows("solver", ["q2_0_0"]), app_id="rollout:solver", seq=2)
+    store.append_samples("solver", make_rows("solver", ["q2_0_0"]), app_id="rollout:solver", seq=2)
     assert store.read_samples("solver").num_rows == 3
 
 
-def test_reader_pinned_to_a_version_does_not_see_later_commits(store: ExperienceStore) -> None:
-    pinned = store.append_samples("solver", rows("solver", ["a_0_0"]), app_id="w", seq=1).version
-    store.append_samples("solver", rows("solver", ["b_0_0"]), app_id="w", seq=2)
+def test_reader_pinned_to_a_version_does_not_see_later_commits(store: ExperienceStore, make_rows) -> None:
+    pinned = store.append_samples("solver", make_rows("solver", ["a_0_0"]), app_id="w", seq=1).version
+    store.append_samples("solver", make_rows("solver", ["b_0_0"]), app_id="w", seq=2)
     assert store.read_samples("solver", version=pinned)["sample_id"].to_pylist() == ["a_0_0"]
     assert store.read_samples("solver")["sample_id"].to_pylist() == ["a_0_0", "b_0_0"]
 
 
-def test_payload_columns_are_arrow_lists(store: ExperienceStore) -> None:
-    store.append_samples("solver", rows("solver", ["a_0_0"]), app_id="w", seq=1)
+def test_payload_columns_are_arrow_lists(store: ExperienceStore, make_rows) -> None:
+    store.append_samples("solver", make_rows("solver", ["a_0_0"]), app_id="w", seq=1)
     schema = DeltaTable(store.table_uri("samples/solver")).to_pyarrow_dataset().schema
     for name in ("prompt_ids", "response_ids", "logprobs", "parent_ids"):
         assert pa.types.is_list(schema.field(name).type), name
     assert schema.field("prompt_ids").type.value_type == pa.int32()
 
 
-def test_rows_that_do_not_match_the_schema_are_refused(store: ExperienceStore) -> None:
-    bad = rows("solver", ["a_0_0"]).drop_columns(["reward"])
+def test_rows_that_do_not_match_the_schema_are_refused(store: ExperienceStore, make_rows) -> None:
+    bad = make_rows("solver", ["a_0_0"]).drop_columns(["reward"])
     with pytest.raises(StoreError, match="do not match its schema"):
         store.append_samples("solver", bad, app_id="w", seq=1)
     assert store.read_samples("solver").num_rows == 0
@@ -78,9 +53,9 @@ def test_update_record_is_idempotent_and_bumps_the_version(store: ExperienceStor
     assert store.read("updates").num_rows == 1
 
 
-def test_describe_counts_rows_per_policy_version(store: ExperienceStore) -> None:
-    store.append_samples("solver", rows("solver", ["a_0_0", "a_0_1"]), app_id="w", seq=1)
-    store.append_samples("solver", rows("solver", ["b_0_0"], policy_version=1), app_id="w", seq=2)
+def test_describe_counts_rows_per_policy_version(store: ExperienceStore, make_rows) -> None:
+    store.append_samples("solver", make_rows("solver", ["a_0_0", "a_0_1"]), app_id="w", seq=1)
+    store.append_samples("solver", make_rows("solver", ["b_0_0"], policy_version=1), app_id="w", seq=2)
     info = store.describe()
     assert info["agents"]["solver"] == {"table": "samples/solver", "rows": 3, "by_version": {"0": 2, "1": 1}}
     assert info["tables"]["samples/solver"]["rows"] == 3
@@ -96,7 +71,7 @@ def test_opening_a_missing_store_names_the_problem(tmp_path) -> None:
 WRITER = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_store import rows
+from conftest import rows  # tests/storage/conftest.py
 from storage.store import ExperienceStore
 store = ExperienceStore({root!r})
 for k in range({commits}):

@@ -55,3 +55,8 @@ def test_train_tiny_from_the_command_line_then_inspect_the_store(tmp_path: Path)
         assert info["agents"][agent]["rows"] == a["samples_generated"]
         assert info["agents"][agent]["by_version"] == {"0": a["samples_generated"] // 2, "1": a["samples_generated"] // 2}
         assert info["tables"][f"samples/{agent}"]["rows"] == a["samples_generated"]
+
+    # the run's store holds every invariant (unique ids, contiguous versions, on-policy consumption, parents)
+    res = run(["store", "verify", str(run_dir)], tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no violations" in res.stdout

@@ -32,6 +32,9 @@ from storage.schema import SampleStatus
 from storage.store import ExperienceStore
 
 
+QUEUE_DEPTH = 2  # micro-batches of one agent queued on its slot at once
+
+
 @dataclass(frozen=True)
 class Span:
     """A stretch of work on one worker, for the timeline picture and utilisation."""
@@ -92,6 +95,7 @@ class MicroBatch:
     sample_ids: list[str] = field(default_factory=list)  # rewarded samples: what the trainer consumes
     delta_version: int | None = None
     committed_at: float = 0.0
+    submitted: bool = False  # sent to the trainer
     trained: bool = False
 
     @property
@@ -167,8 +171,8 @@ class PipelineRunner:
         self.waiting: dict[str, list[tuple[int, str, Episode, str]]] = {a: [] for a in cfg.agents}
         self.micro: dict[tuple[str, int], list[MicroBatch]] = {}
         self.complete: dict[str, set[int]] = {a: set() for a in cfg.agents}
-        self.agent_busy: dict[str, bool] = {a: False for a in cfg.agents}  # training or syncing
-        self.slot_busy: dict[str, bool] = {}
+        self.queued: dict[str, int] = {a: 0 for a in cfg.agents}  # micro-batches sent to the agent's slot
+        self.blocked: dict[str, bool] = {a: False for a in cfg.agents}  # optimizer step, sync or move under way
         self.pending_syncs: dict[str, int] = {a: 0 for a in cfg.agents}
         self.rewards: dict[tuple[str, int], list[float]] = defaultdict(list)
         self.lags: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -363,7 +367,7 @@ class PipelineRunner:
         self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
         self.lags[(mb.agent, mb.step)] += [mb.step - v for v in rewarded["policy_version"].to_pylist()]
         if not mb.sample_ids:
-            mb.trained = True  # nothing to learn from (every episode failed)
+            mb.submitted = mb.trained = True  # nothing to learn from (every episode failed)
         if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
             self.complete[mb.agent].add(mb.step)
 
@@ -379,7 +383,7 @@ class PipelineRunner:
         work = {a: w for a in self.cfg.agents if (w := self._training_work(a))}
         for agent, (_, mb) in sorted(work.items()):
             bound = self.bound.get(agent)
-            if bound is not None and not self.slot_busy.get(bound):
+            if bound is not None:
                 self._run_training(agent, bound, mb)
         free = [w for w in self.slots if w not in self.bound.values()]
         waiting = {a: w for a, w in work.items() if self.bound.get(a) is None}
@@ -395,17 +399,19 @@ class PipelineRunner:
                 self._move_state(agent, target)
 
     def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
-        self.agent_busy[agent] = self.slot_busy[worker] = True
         step = self.versions[agent]
         if mb is not None:
+            mb.submitted = True
+            self.queued[agent] += 1
             self._submit(worker, slot.accumulate, self.key(agent), self.store.root, mb.delta_version,
                          mb.sample_ids, step, what=("train", agent, mb, worker))
         else:
+            self.blocked[agent] = True
             self._submit(worker, slot.finish_step, self.key(agent), what=("finish", agent, step, worker))
 
     def _move_state(self, agent: str, target: str) -> None:
         """Park the agent's state on its old worker, resume it on ``target`` (two swap spans)."""
-        self.agent_busy[agent] = self.slot_busy[target] = True
+        self.blocked[agent] = True
         state_dir = str(self.state_dir / agent)
         parked = self._submit(self.location[agent], slot.park, self.key(agent), state_dir,
                               what=("park", agent))
@@ -416,16 +422,20 @@ class PipelineRunner:
 
     def _on_moved(self, agent: str, target: str) -> None:
         self.location[agent] = target
-        self.agent_busy[agent] = self.slot_busy[target] = False
+        self.blocked[agent] = False
 
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
-        """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due."""
+        """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
+
+        Up to ``QUEUE_DEPTH`` micro-batches of an agent wait on its slot, so the slot never idles while the
+        driver turns a finished one around (accumulation order does not matter: gradients sum in float64).
+        """
         step = self.versions[agent]  # the update to step + 1 consumes step's batch
-        if self.agent_busy[agent] or (agent, step) not in self.micro:
+        if self.blocked[agent] or (agent, step) not in self.micro:
             return None
         batches = self.micro[(agent, step)]
-        ready = [m for m in batches if m.committed and not m.trained]
-        if ready and self.policy.may_train(agent, step, self.complete):
+        ready = [m for m in batches if m.committed and not m.submitted]
+        if ready and self.queued[agent] < QUEUE_DEPTH and self.policy.may_train(agent, step, self.complete):
             return ready[0].committed_at, ready[0]  # oldest ready data first
         if step in self.complete[agent] and all(m.trained for m in batches):
             return max(m.committed_at for m in batches), None
@@ -433,11 +443,11 @@ class PipelineRunner:
 
     def _on_trained(self, mb: MicroBatch, worker: str) -> None:
         mb.trained = True
-        self.agent_busy[mb.agent] = self.slot_busy[worker] = False
+        self.queued[mb.agent] -= 1
 
     def _on_step_finished(self, agent: str, step: int, worker: str, result) -> None:
-        self.slot_busy[worker] = False  # the agent itself stays busy until its replicas have the weights
-        self.bound[agent] = None  # its step is done: the slot is free for whoever is ready next
+        # the agent stays blocked until its replicas have the weights; its slot is free right away
+        self.bound[agent] = None
         batches = self.micro.pop((agent, step))
         rewards = self.rewards.pop((agent, step), [])
         lags = self.lags.pop((agent, step), [])
@@ -471,4 +481,4 @@ class PipelineRunner:
         rep.version = version
         self.pending_syncs[agent] -= 1
         if self.pending_syncs[agent] == 0:
-            self.agent_busy[agent] = False
+            self.blocked[agent] = False

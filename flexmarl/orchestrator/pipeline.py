@@ -12,7 +12,8 @@ from __future__ import annotations
 import queue
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,8 @@ class PipelineResult:
     updates: list[UpdateEvent]
     workers: list[str]
     tokens: int  # response tokens generated
+    store_write_s: float = 0.0  # the driver's time in store commits (samples, episodes, updates)
+    store_read_s: float = 0.0  # the trainers' time reading their micro-batches from the store
 
     def utilization(self) -> float:
         """Busy worker-seconds over total worker-seconds."""
@@ -184,6 +187,7 @@ class PipelineRunner:
         self.spans: list[Span] = []
         self.updates: list[UpdateEvent] = []
         self.tokens = 0
+        self.store_write_s = self.store_read_s = 0.0
 
     # ------------------------------------------------------------------ set-up helpers
 
@@ -210,7 +214,14 @@ class PipelineRunner:
             self.sync_deadlines.pop(fut, None)
             self._handle(fut, self.inflight.pop(fut))
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-        return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens)
+        return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens,
+                              self.store_write_s, self.store_read_s)
+
+    @contextmanager
+    def _timing_store(self) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.store_write_s += time.perf_counter() - start
 
     def _next_finished(self) -> Future:
         """The next finished task; fails fast on a weight sync past its deadline or a general stall."""
@@ -240,6 +251,7 @@ class PipelineRunner:
         value, start, end, worker = fut.result()  # re-raises a task's error here, in the driver
         kind = what[0]
         swap_s = value.get("swap_s", 0.0) if kind == "train" else 0.0
+        self.store_read_s += value.get("read_s", 0.0) if kind == "train" else 0.0
         if swap_s:
             self.spans.append(Span(worker, "swap", what[1], start, start + swap_s))
         span_kind = {"generate": "rollout", "sync": "sync", "park": "swap", "move": "swap"}.get(kind, "train")
@@ -341,7 +353,9 @@ class PipelineRunner:
         state.done_groups += 1
         if state.done_groups == len(state.groups):  # one episodes commit per step: training does not wait on it
             self.episode_seq += 1
-            self.store.append_episodes(episode_rows(state.episodes), app_id="rollout:episodes", seq=self.episode_seq)
+            with self._timing_store():
+                self.store.append_episodes(episode_rows(state.episodes), app_id="rollout:episodes",
+                                           seq=self.episode_seq)
         for agent in self.cfg.agents:
             batches = self.micro[(agent, state.step)]
             mb = next(m for m in batches if q in m.queries)
@@ -359,7 +373,8 @@ class PipelineRunner:
     def _commit(self, mb: MicroBatch, episodes: list[Episode]) -> None:
         rows = sample_rows(episodes, mb.agent)
         self.seq[mb.agent] += 1
-        commit = self.store.append_samples(mb.agent, rows, app_id=f"rollout:{mb.agent}", seq=self.seq[mb.agent])
+        with self._timing_store():
+            commit = self.store.append_samples(mb.agent, rows, app_id=f"rollout:{mb.agent}", seq=self.seq[mb.agent])
         mb.delta_version = commit.version
         mb.committed_at = time.time()
         rewarded = rows.filter(pc.field("status") == SampleStatus.REWARDED.value)
@@ -453,11 +468,12 @@ class PipelineRunner:
         lags = self.lags.pop((agent, step), [])
         # The consumption record and the version bump are one commit. A skipped (NaN) update is recorded
         # too, consuming nothing, so that versions stay contiguous.
-        self.store.record_update(
-            agent, result.policy_version, result.consumed_ids,
-            samples_version=max(m.delta_version for m in batches), num_tokens=result.num_tokens,
-            metrics={**result.metrics, "skipped": float(result.skipped)},
-        )
+        with self._timing_store():
+            self.store.record_update(
+                agent, result.policy_version, result.consumed_ids,
+                samples_version=max(m.delta_version for m in batches), num_tokens=result.num_tokens,
+                metrics={**result.metrics, "skipped": float(result.skipped)},
+            )
         self.versions[agent] = result.policy_version
         event = UpdateEvent(
             agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens,

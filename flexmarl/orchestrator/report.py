@@ -56,6 +56,9 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
         "worker_utilization": {w: worker_busy[w] / result.wall_s if result.wall_s > 0 else 0.0
                                for w in result.workers},
         "tokens_per_s": result.tokens / result.wall_s if result.wall_s > 0 else 0.0,
+        # the store's cost: driver commits (which delay dispatch) and trainers' reads (inside training time)
+        "store_write_s": result.store_write_s,
+        "store_read_s": result.store_read_s,
         "run_dir": ctx.run_dir,
         "store_uri": ctx.store_uri,
         "agents": agents,

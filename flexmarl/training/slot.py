@@ -88,22 +88,25 @@ def resume(
 def accumulate(key: str, store_uri: str, samples_version: int, sample_ids: list[str], step: int) -> dict:
     """Forward/backward of one committed micro-batch of ``step`` (read at a pinned Delta version).
 
-    Returns the loss statistics and ``swap_s``, the seconds spent bringing the state onto the device.
+    Returns the loss statistics, ``swap_s`` (bringing the state onto the device) and ``read_s`` (the
+    store read).
     """
     swap_s = activate(key)
     t = trainer(key)
     if t.version > step:
         raise RuntimeError(f"trainer {key!r} is at v{t.version}, past step {step}: refusing to train twice")
     agent = key.rsplit("/", 1)[-1]
+    read_start = time.perf_counter()
     store = ExperienceStore(store_uri)
     wanted = pc.field("sample_id").isin(pa.array(sample_ids))  # pushed down: skips files by their stats
     rows = store.read(store.samples_table(agent), version=samples_version, filter=wanted).sort_by("sample_id")
+    read_s = time.perf_counter() - read_start
     if rows.num_rows != len(sample_ids):
         raise RuntimeError(
             f"micro-batch of {agent!r} step {step}: {len(sample_ids)} samples expected at Delta version "
             f"{samples_version}, {rows.num_rows} found"
         )
-    return {**t.accumulate(TrainBatch.from_arrow(rows)), "swap_s": swap_s}
+    return {**t.accumulate(TrainBatch.from_arrow(rows)), "swap_s": swap_s, "read_s": read_s}
 
 
 def finish_step(key: str) -> UpdateResult:

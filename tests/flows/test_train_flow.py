@@ -22,6 +22,8 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
         overrides=[f"train.queries_per_step={QUERIES}", f"train.group_size={GROUP}"],
     )
     assert set(report["agents"]) == {"solver", "verifier"}
+    assert report["mode"] == "flexmarl" and 0 < report["utilization"] <= 1
+    assert report["store_write_s"] > 0 and report["store_read_s"] > 0
     updates = DeltaTable(str(run_dir / "store" / "updates")).to_pyarrow_table()
     for agent, a in report["agents"].items():
         assert a["policy_version"] == STEPS and a["updates"] == STEPS

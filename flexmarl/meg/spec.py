@@ -43,7 +43,7 @@ class SamplingConfig(Strict):
 
 class AgentSpec(Strict):
     model: str = "tiny"
-    """'tiny', 'smollm2-135m-instruct', a local Hugging Face model directory or a local .gguf file.
+    """'tiny', 'tiny-large', 'smollm2-135m-instruct', a local Hugging Face model directory or a .gguf file.
     Agents may name the same model: each still trains its own copy of the weights."""
     prompt: str
     """User message template; ``{field}`` reads a task field or a parent node's response."""

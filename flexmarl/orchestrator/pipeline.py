@@ -34,6 +34,7 @@ from storage.store import ExperienceStore
 
 
 QUEUE_DEPTH = 2  # micro-batches of one agent queued on its slot at once
+PRIORITY = {"generate": 10, "sync": 5}  # Dask task priorities; training tasks get 0
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,11 @@ class PipelineRunner:
             raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}") from None
 
     def _submit(self, worker: str, fn: Callable, *args, what: tuple) -> Future:
-        fut = self.client.submit(timed_call, fn, *args, workers=[worker], allow_other_workers=False, pure=False)
+        # A worker runs one task at a time: generation goes first, since it gates the episodes (and so
+        # every agent's next batch); training and syncs fill the gaps.
+        priority = PRIORITY.get(what[0], 0)
+        fut = self.client.submit(timed_call, fn, *args, workers=[worker], allow_other_workers=False, pure=False,
+                                 priority=priority)
         self.inflight[fut] = what
         fut.add_done_callback(self.finished.put)
         return fut

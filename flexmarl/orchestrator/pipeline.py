@@ -374,6 +374,8 @@ class PipelineRunner:
                                eps=self.trainer_cfg[agent].adv_eps)
                 for m in batches:
                     self._commit(m, [e for qq in sorted(m.queries) for e in state.groups[qq]])
+        if state.done_groups == len(state.groups):
+            del self.steps[state.step]  # every sample is committed: the episodes need not stay in memory
 
     def _commit(self, mb: MicroBatch, episodes: list[Episode]) -> None:
         rows = sample_rows(episodes, mb.agent)

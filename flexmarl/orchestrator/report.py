@@ -30,6 +30,7 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
             if reward is not None:
                 by_step[step].append(reward)
         events = sorted((u for u in result.updates if u.agent == agent), key=lambda u: u.step)
+        steps = sorted(set(by_step) | {u.step for u in events})
         agents[agent] = {
             "policy_version": store.policy_version(agent),
             "updates": mine.num_rows,
@@ -37,10 +38,7 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
             "samples_trained": sum(len(ids) for ids in mine["consumed_ids"].to_pylist()),
             "tokens_generated": int(pc.sum(pc.list_value_length(samples["response_ids"])).as_py() or 0),
             # None for a step without rewarded samples (every episode failed)
-            "mean_reward": [
-                sum(by_step[s]) / len(by_step[s]) if by_step[s] else None for s in sorted(set(by_step) | {
-                    u.step for u in events})
-            ],
+            "mean_reward": [sum(by_step[s]) / len(by_step[s]) if by_step[s] else None for s in steps],
             "update_finished_s": [u.finished_at for u in events],
             "skipped_updates": sum(u.skipped for u in events),
             "busy_s": dict(busy[agent]),

@@ -5,7 +5,11 @@ Scripts run in subprocesses import ``rows`` from here after putting this directo
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -49,3 +53,33 @@ def store(tmp_path) -> ExperienceStore:
     s = ExperienceStore(tmp_path / "store")
     s.create(["solver", "verifier"])
     return s
+
+
+WRITER = """
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import rows  # this file
+from storage.store import ExperienceStore
+store = ExperienceStore({root!r}{store_args})
+for k in range({commits}):
+    store.append_samples("solver", rows("solver", [f"w{writer}c{{k}}_0_0"]), app_id="w{writer}", seq=k + 1)
+"""
+
+
+@pytest.fixture
+def writer_processes() -> Callable[..., list[int]]:
+    """Run ``writers`` processes that each append ``commits`` one-row batches to ``root``; their exit codes.
+
+    ``store_args`` is extra constructor text for the store, e.g. ``", compact_after_files=3"``.
+    """
+
+    def run(root: str, *, writers: int, commits: int, store_args: str = "") -> list[int]:
+        tests = str(Path(__file__).parent)
+        procs = [
+            subprocess.Popen([sys.executable, "-c", WRITER.format(
+                tests=tests, root=root, store_args=store_args, commits=commits, writer=w)])
+            for w in range(writers)
+        ]
+        return [p.wait(timeout=300) for p in procs]
+
+    return run

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -84,27 +82,11 @@ def test_a_held_lease_makes_a_second_compactor_skip(store: ExperienceStore, make
     assert store.read_samples("solver").num_rows == 9
 
 
-WRITER = """
-import sys
-sys.path.insert(0, {tests!r})
-from conftest import rows  # tests/storage/conftest.py
-from storage.store import ExperienceStore
-store = ExperienceStore({root!r}, compact_after_files=3)
-for k in range({commits}):
-    store.append_samples("solver", rows("solver", [f"w{writer}c{{k}}_0_0"]), app_id="w{writer}", seq=k + 1)
-"""
-
-
-def test_concurrent_writers_that_compact_lose_and_duplicate_nothing(tmp_path) -> None:
+def test_concurrent_writers_that_compact_lose_and_duplicate_nothing(tmp_path, writer_processes) -> None:
     # Every writer compacts whenever it sees 3 files, so compactions race each other and the appends.
     root = str(tmp_path / "store")
     ExperienceStore(root).create(["solver"])
-    tests = str(Path(__file__).parent)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER.format(tests=tests, root=root, commits=10, writer=w)])
-        for w in range(4)
-    ]
-    assert [p.wait(timeout=300) for p in procs] == [0] * 4
+    assert writer_processes(root, writers=4, commits=10, store_args=", compact_after_files=3") == [0] * 4
     store = ExperienceStore(root)
     ids = store.read_samples("solver")["sample_id"].to_pylist()
     assert sorted(ids) == sorted(f"w{w}c{k}_0_0" for w in range(4) for k in range(10))  # none lost, none twice

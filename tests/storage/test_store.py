@@ -1,8 +1,5 @@
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -68,25 +65,9 @@ def test_opening_a_missing_store_names_the_problem(tmp_path) -> None:
         ExperienceStore(tmp_path / "nothing").read_samples("solver")
 
 
-WRITER = """
-import sys
-sys.path.insert(0, {tests!r})
-from conftest import rows  # tests/storage/conftest.py
-from storage.store import ExperienceStore
-store = ExperienceStore({root!r})
-for k in range({commits}):
-    store.append_samples("solver", rows("solver", [f"w{writer}c{{k}}_0_0"]), app_id="w{writer}", seq=k + 1)
-"""
-
-
-def test_eight_concurrent_writer_processes_lose_nothing(tmp_path) -> None:
+def test_eight_concurrent_writer_processes_lose_nothing(tmp_path, writer_processes) -> None:
     root = str(tmp_path / "store")
     ExperienceStore(root).create(["solver"])
-    tests = str(Path(__file__).parent)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER.format(tests=tests, root=root, commits=12, writer=w)])
-        for w in range(8)
-    ]
-    assert [p.wait(timeout=300) for p in procs] == [0] * 8
+    assert writer_processes(root, writers=8, commits=12) == [0] * 8
     ids = ExperienceStore(root).read_samples("solver")["sample_id"].to_pylist()
     assert len(ids) == len(set(ids)) == 8 * 12

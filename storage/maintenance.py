@@ -25,9 +25,8 @@ import time
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from storage.store import ExperienceStore, StoreError
+from storage.store import ExperienceStore, StoreError, commit_retries
 
 COMPACTION_LEASE = "flexmarl:compaction"
 # Row groups of compacted files: a reader of one micro-batch then decodes about this many rows per file
@@ -96,12 +95,7 @@ class StoreMaintenance:
         if lease is None:
             return result | {"busy": True}
         try:
-            for attempt in Retrying(
-                retry=retry_if_exception_type(CommitFailedError),
-                wait=wait_random_exponential(multiplier=0.05, max=2.0),
-                stop=stop_after_attempt(self.max_commit_attempts),
-                reraise=True,
-            ):
+            for attempt in commit_retries(self.max_commit_attempts, multiplier=0.05, max_wait=2.0):
                 with attempt:
                     # Plan from a snapshot taken after our claim, so it includes any earlier compaction.
                     dt = self.store.open(table)

@@ -71,6 +71,16 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+def commit_retries(attempts: int, *, multiplier: float, max_wait: float) -> Retrying:
+    """Retry a Delta commit that lost a conflict, with jittered exponential backoff, on top of deltalake's own."""
+    return Retrying(
+        retry=retry_if_exception_type(CommitFailedError),
+        wait=wait_random_exponential(multiplier=multiplier, max=max_wait),
+        stop=stop_after_attempt(attempts),
+        reraise=True,
+    )
+
+
 class ExperienceStore:
     """Versioned, exactly-once experience store on Delta Lake.
 
@@ -180,12 +190,7 @@ class ExperienceStore:
         except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise StoreError(f"rows for {table!r} do not match its schema: {exc}") from exc
 
-        for attempt in Retrying(
-            retry=retry_if_exception_type(CommitFailedError),
-            wait=wait_random_exponential(multiplier=0.02, max=1.0),
-            stop=stop_after_attempt(self.max_commit_attempts),
-            reraise=True,
-        ):
+        for attempt in commit_retries(self.max_commit_attempts, multiplier=0.02, max_wait=1.0):
             with attempt:
                 dt = self.open(table)
                 done = dt.transaction_version(app_id)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from distributed import Client, LocalCluster
+from distributed import Client, Future, LocalCluster
 
 from flexmarl.cluster.config import ClusterConfig
 
@@ -90,3 +90,8 @@ def place(agents: Sequence[str], workers: Sequence[str]) -> dict[str, str]:
     """Agents round-robin over the workers (sorted, so every process computes the same placement)."""
     ordered = sorted(workers)
     return {agent: ordered[i % len(ordered)] for i, agent in enumerate(agents)}
+
+
+def submit_on(client: Client, worker: str, fn, *args, **kwargs) -> Future:
+    """Run ``fn(*args)`` on exactly ``worker`` (where its engines live), never deduplicated by Dask."""
+    return client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False, **kwargs)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 from distributed import Client, Future
 
+from flexmarl.cluster.local import submit_on
 from flexmarl.cluster.worker_state import timed_call
 from flexmarl.config import RunConfig
 from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
@@ -246,8 +247,7 @@ class PipelineRunner:
         # A worker runs one task at a time: generation goes first, since it gates the episodes (and so
         # every agent's next batch); training and syncs fill the gaps.
         priority = PRIORITY.get(what[0], 0)
-        fut = self.client.submit(timed_call, fn, *args, workers=[worker], allow_other_workers=False, pure=False,
-                                 priority=priority)
+        fut = submit_on(self.client, worker, timed_call, fn, *args, priority=priority)
         self.inflight[fut] = what
         fut.add_done_callback(self.finished.put)
         return fut
@@ -488,8 +488,7 @@ class PipelineRunner:
             sum(lags) / len(lags) if lags else 0.0, len(self.waiting[agent]),
         )
         self.updates.append(event)
-        weights = self.client.submit(slot.weights, self.key(agent), workers=[self.location[agent]],
-                                     allow_other_workers=False, pure=False)
+        weights = submit_on(self.client, self.location[agent], slot.weights, self.key(agent))
         for rep in self.replicas[agent]:
             self.pending_syncs[agent] += 1
             fut = self._submit(rep.worker, replica_fns.load_weights, self.key(agent), result.policy_version,

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from distributed import Client, TimeoutError as DaskTimeoutError
 
-from flexmarl.cluster.local import connect, place, workers_offering
+from flexmarl.cluster.local import connect, place, submit_on, workers_offering
 from flexmarl.cluster.worker_state import release
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.models.loading import load_tokenizer, resolve_model
@@ -131,13 +131,11 @@ class Runtime:
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
             for worker in self.replicas[agent]:
-                futures.append(self.client.submit(
-                    replica.start_replica, self.key(agent), model_dir, version,
-                    workers=[worker], allow_other_workers=False, pure=False,
-                ))
-            futures.append(self.client.submit(
-                slot.start_trainer, self.key(agent), model_dir, self.cfg.trainer_config(agent),
-                spec.sampling.temperature, spec.sampling.max_new_tokens, version, workers=[self.trainers[agent]], allow_other_workers=False, pure=False,
+                futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
+                                         version))
+            futures.append(submit_on(
+                self.client, self.trainers[agent], slot.start_trainer, self.key(agent), model_dir,
+                self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens, version,
             ))
         self._wait(futures, "starting the engines")
         return {a: {"trainer": self.trainers[a], "replicas": self.replicas[a]} for a in self.cfg.agents}
@@ -160,16 +158,13 @@ class Runtime:
 
     def weights(self, agent: str) -> dict[str, torch.Tensor]:
         """The agent's current trained weights (copied to this process)."""
-        fut = self.client.submit(slot.weights, self.key(agent), workers=[self.trainers[agent]],
-                                 allow_other_workers=False, pure=False)
+        fut = submit_on(self.client, self.trainers[agent], slot.weights, self.key(agent))
         return self._wait([fut], f"fetching the weights of {agent!r}")[0]
 
     def checkpoint(self, agent: str) -> str:
         out = Path(self.ctx.run_dir) / "checkpoints" / agent / f"v{self.versions[agent]}"
-        fut = self.client.submit(
-            slot.save_checkpoint, self.key(agent), str(out), self.model_dirs[agent],
-            workers=[self.trainers[agent]], allow_other_workers=False, pure=False,
-        )
+        fut = submit_on(self.client, self.trainers[agent], slot.save_checkpoint, self.key(agent), str(out),
+                        self.model_dirs[agent])
         return self._wait([fut], f"the checkpoint of agent {agent!r}")[0]
 
     def close(self) -> None:

@@ -92,8 +92,8 @@ def train_with_flow(config_file: Path, run_dir: Path, address: str) -> dict:
 @bench_app.command("learning")
 def learning(
     out: Annotated[Path, typer.Option(help="Output directory for learning.json, eval_answers.jsonl and the run.")],
-    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per agent (default 24: about an "
-                                                 "hour with scoring on 2 CPU cores).")] = None,
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per agent (default 12: about an "
+                                                 "hour with scoring, on 2 free CPU cores).")] = None,
     n_eval: Annotated[Optional[int], typer.Option(min=1, help="Held-out problems scored, base and trained "
                                                   "(default 128).")] = None,
     preset: Annotated[str, typer.Option(help="Workload: default (SmolLM2-135M) or tiny (for tests).")] = "default",
@@ -104,7 +104,7 @@ def learning(
     """Score the base solver -> verifier team on held-out GSM8K, train it, score it again.
 
     The budget on top of the preset (flexmarl/bench/learning_bench.py BUDGET, docs/performance.md
-    "Learning"): 24 steps of 4 problems x 8 answers, lr 1e-5, solver temperature 0.7, trained on the GSM8K
+    "Learning"): 12 steps of 4 problems x 8 answers, lr 1e-5, solver temperature 0.7, trained on the GSM8K
     train problems with at most one calculation, which the base model solves sometimes: a GRPO group
     teaches only when its rewards differ. Scored greedily on the first --n-eval GSM8K test problems, with
     the config's max_new_tokens; without the GSM8K files, on reasoning-gym gsm_symbolic under another seed.

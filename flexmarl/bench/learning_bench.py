@@ -35,31 +35,34 @@ from flexmarl.workloads.datasets import TaskItem
 # The GSM8K files of the project machine, beside the repository (never copied into it).
 GSM8K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
 
-# What the bench changes in the preset: sized so that the default bench finishes in about an hour on 2 CPU
-# cores (measured in docs/performance.md). The base solver answers about 3-6% of GSM8K problems right, and a
-# GRPO group teaches only when its rewards differ, so everything here is about getting groups with both a
-# right and a wrong answer, and enough steps of them.
+# What the bench changes in the preset, sized so that the default bench takes about an hour on 2 CPU cores
+# when it has them to itself (measurements in docs/performance.md, "Learning"). The base solver rarely
+# answers a GSM8K problem right, and a GRPO group teaches only when its rewards differ, so every choice
+# here aims at groups that hold both a right and a wrong answer, and at as many steps of them as an hour
+# holds.
 BUDGET: dict[str, str] = {
-    # 24 steps of 32 solver samples: what an hour on two cores holds (about 2 minutes a step alone)
-    "train.steps": "24",
+    # a step of 32 solver and 32 verifier samples costs about 340 CPU-seconds of the two workers (about
+    # 3.5 minutes on two cores); 12 of them plus scoring 128 problems twice make about an hour
+    "train.steps": "12",
     "train.queries_per_step": "4",
-    # 8 answers per problem: at a 6% hit rate, about 4 in 10 groups hold a right answer (4 per group: 2 in 10)
+    # 8 answers per problem: at a hit rate of about 5%, a third of the groups hold a right answer (with
+    # the preset's 4, a fifth)
     "train.group_size": "8",
-    # 10x the preset's 1e-6: at 1e-6, 24 Adam steps move each weight by about 2e-5, too little to change
-    # a greedy answer
+    # 10x the preset's 1e-6: Adam moves each weight by about lr per step, and 12 steps at 1e-6 are too
+    # small a change to turn a greedy answer
     "training.lr": "1.0e-5",
-    # the score is greedy; at temperature 1 a 135M model rambles and is right less often, so its samples
-    # give fewer useful groups and train a distribution further from the greedy one
+    # the score is greedy: sampling at 0.7 keeps the trained samples nearer the greedy answers than the
+    # preset's 1.0, whose samples of a 135M model stray further (not measured here)
     "agents.solver.sampling.temperature": "0.7",
-    # one micro-batch per GRPO group (the preset's 2 splits a batch of 32 into 16 commits)
+    # one micro-batch per GRPO group (the preset's 2 would make 16 commits and 16 small passes a step)
     "training.micro_batch_size": "8",
 }
 N_EVAL = 128
-"""Held-out problems scored, for the base and again for the trained team (about 4% resolution)."""
+"""Held-out problems scored, for the base and again for the trained team."""
 MAX_SOLUTION_STEPS = 1
 """GSM8K train problems kept for training: those whose reference solution has at most this many
-calculations (``<<a*b=c>>`` annotations). 499 of 7,473 problems; the base solver is right on about 6% of
-its sampled answers to them at temperature 0.7, against about 2% on all problems."""
+calculations (``<<a*b=c>>`` annotations), 499 of 7,473. The base solver gets some of them right (4 of 64
+answers sampled at temperature 0.7 in a probe); on all problems it is right more rarely still."""
 EVAL_BATCH_SIZE = 16
 
 

@@ -117,7 +117,10 @@ def load_config(
         return RunConfig.model_validate(raw)
     except ValidationError as exc:
         lines = [f"  {describe_error(err)}" for err in exc.errors()]
-        raise ConfigError(f"{source} is not a valid FlexMARL config:\n" + "\n".join(lines)) from None
+        raise ConfigError(
+            f"{source} is not a valid FlexMARL config:\n" + "\n".join(lines)
+            + "\n(docs/configuration.md lists every key, its type and its default)"
+        ) from None
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -141,6 +144,10 @@ def describe_error(err: dict[str, Any]) -> str:
     if err["type"] == "extra_forbidden":
         parent = field_names(err["loc"][:-1])
         return f"{loc}: unknown key{did_you_mean(str(err['loc'][-1]), parent)}; valid keys here: {parent}"
+    got = err.get("input")
+    # a scalar that failed a type or range check is shown; a whole section (a model validator's input) is not
+    if err["type"] != "value_error" and isinstance(got, str | int | float | bool) and len(repr(got)) <= 60:
+        return f"{loc}: {msg} (got {got!r})"
     return f"{loc}: {msg}"
 
 

@@ -34,6 +34,14 @@ from flexmarl.workloads.registry import PARSERS, REWARD_TASK_FIELDS, REWARDS
 NAME = r"^[a-z][a-z0-9_]{0,39}$"  # agent and node names become table and directory names
 
 
+def unregistered(kind: str, name: str, registry: dict) -> str:
+    """The error for a parser or reward that is not in the allow-list (a dotted path is never imported)."""
+    return (
+        f"unknown {kind} {name!r}{did_you_mean(name, list(registry))}; known: {sorted(registry)}. A config names "
+        f"only registered {kind}s, never import paths: to add one, list it in flexmarl/workloads/registry.py"
+    )
+
+
 class SamplingConfig(Strict):
     max_new_tokens: int = Field(64, ge=1, le=8192)
     """Longest response, in tokens."""
@@ -69,14 +77,14 @@ class AgentSpec(Strict):
     @classmethod
     def _parser_registered(cls, parser: str) -> str:
         if parser not in PARSERS:
-            raise ValueError(f"unknown parser {parser!r}{did_you_mean(parser, list(PARSERS))}; known: {sorted(PARSERS)}")
+            raise ValueError(unregistered("parser", parser, PARSERS))
         return parser
 
     @field_validator("reward")
     @classmethod
     def _reward_registered(cls, reward: str) -> str:
         if reward not in REWARDS:
-            raise ValueError(f"unknown reward {reward!r}{did_you_mean(reward, list(REWARDS))}; known: {sorted(REWARDS)}")
+            raise ValueError(unregistered("reward", reward, REWARDS))
         return reward
 
     def template_fields(self) -> set[str]:

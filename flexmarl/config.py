@@ -102,15 +102,21 @@ def load_config(
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}; check the path") from None
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{source}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(
+            f"{source}: malformed YAML{where}: {getattr(exc, 'problem', exc)}; fix the YAML syntax there (an unclosed "
+            "bracket or quote, a tab, or a key without ': ')"
+        ) from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of settings, got {type(raw).__name__}")
+        raise ConfigError(
+            f"{source}: the top level must be a mapping of settings (agents:, graph:, ...), got "
+            f"{type(raw).__name__}; start from a preset such as flexmarl/presets/tiny.yaml"
+        )
     for item in overrides:
         apply_override(raw, item)
     try:

@@ -67,7 +67,9 @@ def connect(address: str, *, timeout_s: float, n_workers: int = 1) -> Client:
     try:
         client = Client(address, timeout=f"{timeout_s}s", set_as_default=False)
     except (OSError, TimeoutError) as exc:
-        raise ClusterError(f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({exc}); {fix}") from None
+        raise ClusterError(
+            f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({exc}); {fix}"
+        ) from None
     except Exception as exc:  # something answered, but not as a Dask scheduler does
         raise ClusterError(
             f"the service at {address} does not answer as a Dask scheduler ({type(exc).__name__}: {exc}); {fix}"
@@ -93,7 +95,9 @@ def _probe(address: str, timeout_s: float, fix: str) -> None:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
         reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
-        raise ClusterError(f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({reason}); {fix}") from None
+        raise ClusterError(
+            f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({reason}); {fix}"
+        ) from None
 
 
 def workers_offering(client: Client, resource: str | None, role: str) -> list[str]:

@@ -188,12 +188,16 @@ class MEGSpec(Strict):
     def _check_agents(self) -> MEGSpec:
         for node in self.graph.nodes:
             if node.agent not in self.agents:
+                hint = did_you_mean(node.agent, list(self.agents))
                 raise ValueError(
-                    f"node {node.name!r} uses unknown agent {node.agent!r}; agents are {sorted(self.agents)}"
+                    f"node {node.name!r} uses unknown agent {node.agent!r}{hint}; agents are {sorted(self.agents)}: "
+                    "declare it under agents, or fix the node's agent"
                 )
         unused = sorted(set(self.agents) - {n.agent for n in self.graph.nodes})
         if unused:
-            raise ValueError(f"agents {unused} are declared but no graph node uses them")
+            raise ValueError(
+                f"agents {unused} are declared but no graph node uses them; remove them or add a node to graph.nodes"
+            )
         return self
 
     def check_templates(self, task_fields: set[str]) -> None:

@@ -59,7 +59,10 @@ def check_model_setting(model: str) -> None:
             "a local Hugging Face model directory or a local .gguf file"
         )
     if path.is_dir() and not (path / "config.json").exists():
-        raise ModelError(f"model directory {model!r} has no config.json: is it a Hugging Face model directory?")
+        raise ModelError(
+            f"model directory {model!r} has no config.json: give a Hugging Face model directory (written by "
+            f"save_pretrained) or one of {list(BUILTIN_MODELS)}"
+        )
     if path.is_dir() and not any(path.glob("*.safetensors")):
         pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         what = f"only pickled weights ({', '.join(pickled)}), which FlexMARL never loads" if pickled else "no weights"

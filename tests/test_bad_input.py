@@ -268,12 +268,21 @@ def snapshot(store) -> dict:
 
 
 def unwritable_run_dir(tmp_path: Path) -> str:
-    from flexmarl.config import load_config
-    from flexmarl.orchestrator.runtime import RunSetupError, prepare_run
+    """Through the command line: refused before a Prefect server or a cluster starts, exit code 2."""
+    from typer.testing import CliRunner
+
+    from flows import cli
 
     (tmp_path / "a-file").write_text("")
-    cfg = load_config(preset="tiny")
-    return raised(RunSetupError, lambda: prepare_run(cfg, tmp_path / "a-file" / "run"))
+
+    def no_server(*args, **kwargs):  # fault injection: reaching the Prefect step would be the bug
+        raise AssertionError("the run got as far as starting a Prefect server")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("flows.prefect_server.prefect_api", no_server)
+        result = CliRunner().invoke(cli.app, ["train", "--preset", "tiny", "--run-dir", str(tmp_path / "a-file" / "x")])
+    assert result.exit_code == 2, result.output
+    return result.stderr
 
 
 def unwritable_store(tmp_path: Path) -> str:
@@ -414,12 +423,14 @@ CASES = [
     Case("unused-agent",
          lambda t: config_error(t, with_change(lambda r: r["agents"].update(judge=r["agents"]["verifier"]))),
          (r"agents \['judge'\] are declared but no graph node uses them", "remove them or add a node")),
-    Case("unknown-node", lambda t: config_error(t, with_change(lambda r: r["graph"]["edges"].append(["solver", "verifer"]))),
+    Case("unknown-node",
+         lambda t: config_error(t, with_change(lambda r: r["graph"]["edges"].append(["solver", "verifer"]))),
          (r"edge \[solver, verifer\] names unknown node 'verifer' \(did you mean 'verifier'\?\)", "nodes are")),
     Case("duplicate-node",
          lambda t: config_error(t, with_change(lambda r: r["graph"]["nodes"].append(r["graph"]["nodes"][0]))),
          (r"duplicate node names \['solver'\]", "give every node its own name")),
-    Case("bad-name", lambda t: config_error(t, with_change(lambda r: r["agents"].update(Solver=r["agents"].pop("solver")))),
+    Case("bad-name",
+         lambda t: config_error(t, with_change(lambda r: r["agents"].update(Solver=r["agents"].pop("solver")))),
          ("agent name 'Solver' must be lower case letters, digits and '_'",)),
     Case("unregistered-function", lambda t: config_error(t, overrides=("agents.solver.reward=os.system",)),
          (r"agents.solver.reward: unknown reward 'os.system'", "never import paths",
@@ -464,7 +475,7 @@ CASES = [
           "must load the same model directory"),
          "tests/flexmarl/rollout/test_hf_backend.py::test_weight_update_is_validated_before_it_is_applied"),
     Case("unwritable-run-dir", unwritable_run_dir,
-         (r"cannot write the run directory .*a-file/run: Not a directory", "choose another --run-dir")),
+         (r"error: cannot write the run directory .*a-file/x: Not a directory", "choose another --run-dir")),
     Case("unwritable-store", unwritable_store,
          (r"cannot write the store .*a-file/store: Not a directory", "set store.uri to a writable directory")),
     Case("corrupted-delta-log", corrupted_delta_log,

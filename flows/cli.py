@@ -28,16 +28,19 @@ def train(
 ) -> None:
     """Train the agents of a MEG (a Prefect flow run on a Dask cluster)."""
     from flexmarl.config import ConfigError, load_config
-    from flexmarl.orchestrator.runtime import RunSetupError, check_run_paths
+    from flexmarl.models.loading import ModelError
+    from flexmarl.orchestrator.runtime import RunSetupError, check_inputs, check_run_paths
+    from flexmarl.workloads.datasets import DataError
 
     if config is not None and preset is not None:
         fail("give a config file or --preset, not both")
     run_dir = run_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    try:  # validate, and check that the run can write its results, before starting any server or cluster
+    try:  # check the inputs, and that the run can write its results, before starting any server or cluster
         overrides = [*(set_ or []), *([f"cluster.address={dask_address}"] if dask_address else [])]
         cfg = load_config(config, preset=None if config else (preset or "default"), overrides=overrides)
         check_run_paths(cfg, run_dir)
-    except (ConfigError, RunSetupError) as exc:
+        check_inputs(cfg)
+    except (ConfigError, RunSetupError, ModelError, DataError) as exc:
         fail(str(exc))
 
     from flows.prefect_server import PrefectAPIError, prefect_api

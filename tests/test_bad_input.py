@@ -125,14 +125,29 @@ def tokenizer_mismatch(tmp_path: Path) -> str:
     return refused_before_the_run(tmp_path, ModelError, cfg)
 
 
-def corrupt_jsonl(tmp_path: Path) -> str:
-    from flexmarl.config import load_config
-    from flexmarl.workloads.datasets import DataError
+def cli_refuses(args: list[str]) -> str:
+    """``flexmarl <args>`` exits 2 with an error before it starts a Prefect server (or a cluster); its stderr."""
+    from typer.testing import CliRunner
 
+    from flows import cli
+
+    def no_server(*args, **kwargs):  # fault injection: reaching the Prefect step would be the bug
+        raise AssertionError("the run got as far as starting a Prefect server")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("flows.prefect_server.prefect_api", no_server)
+        result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 2, result.output
+    return result.stderr
+
+
+def corrupt_jsonl(tmp_path: Path) -> str:
     data = tmp_path / "data.jsonl"
     data.write_text('{"question": "1+1", "answer": "#### 2"}\n{"question": "2+2", "answer": 4}\n')
-    cfg = load_config(preset="tiny", overrides=[f"data.path={data}"])
-    return refused_before_the_run(tmp_path, DataError, cfg)
+    run_dir = tmp_path / "run"
+    message = cli_refuses(["train", "--preset", "tiny", "--set", f"data.path={data}", "--run-dir", str(run_dir)])
+    assert not (run_dir / "config.yaml").exists() and not any((run_dir / "store").glob("*"))
+    return message
 
 
 # ------------------------------------------------------------------ episodes, rewards, training
@@ -268,21 +283,8 @@ def snapshot(store) -> dict:
 
 
 def unwritable_run_dir(tmp_path: Path) -> str:
-    """Through the command line: refused before a Prefect server or a cluster starts, exit code 2."""
-    from typer.testing import CliRunner
-
-    from flows import cli
-
     (tmp_path / "a-file").write_text("")
-
-    def no_server(*args, **kwargs):  # fault injection: reaching the Prefect step would be the bug
-        raise AssertionError("the run got as far as starting a Prefect server")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("flows.prefect_server.prefect_api", no_server)
-        result = CliRunner().invoke(cli.app, ["train", "--preset", "tiny", "--run-dir", str(tmp_path / "a-file" / "x")])
-    assert result.exit_code == 2, result.output
-    return result.stderr
+    return cli_refuses(["train", "--preset", "tiny", "--run-dir", str(tmp_path / "a-file" / "x")])
 
 
 def unwritable_store(tmp_path: Path) -> str:

@@ -70,6 +70,21 @@ def check_run_paths(cfg: RunConfig, run_dir: str | Path) -> str:
     return store_uri
 
 
+def check_inputs(cfg: RunConfig) -> None:
+    """What config validation cannot see: each tokenizer fits its model, every line of a JSONL data file parses.
+
+    Builds or converts each model once (cached), before the workers load it.
+
+    Raises:
+        ModelError: a tokenizer larger than its model's embedding table (both files named).
+        DataError: a data line that does not parse (file and line named).
+    """
+    for agent in cfg.agents.values():
+        check_model_dir(resolve_model(agent.model, seed=cfg.train.seed))
+    if cfg.data.source() == "jsonl":
+        load_tasks(cfg.data)
+
+
 def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
     """Create the run directory and the store, and write the resolved config. Returns (run_id, store_uri).
 
@@ -78,11 +93,7 @@ def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
     """
     run_path = Path(run_dir).resolve()
     store_uri = check_run_paths(cfg, run_path)
-    model_dirs = [resolve_model(agent.model, seed=cfg.train.seed) for agent in cfg.agents.values()]
-    for model_dir in model_dirs:  # built or converted once here, before the workers load them
-        check_model_dir(model_dir)
-    if cfg.data.source() == "jsonl":
-        load_tasks(cfg.data)  # raises DataError naming the file and line
+    check_inputs(cfg)
     (run_path / CONFIG_FILE).write_text(dump_config(cfg))
     store = ExperienceStore.from_config(store_uri, cfg.store)
     try:

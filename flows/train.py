@@ -37,7 +37,7 @@ def resolve_config(
 
 @flow(name="flexmarl-train", log_prints=True)
 def train_run(
-    preset: Literal["default", "tiny"] | None = None,
+    preset: Literal["default", "tiny"] | None = "default",
     config: str | None = None,
     steps: int | None = None,
     overrides: list[str] | None = None,
@@ -50,7 +50,7 @@ def train_run(
         preset: a shipped config, 'default' (SmolLM2-135M solver -> verifier on GSM-style problems) or
             'tiny' (a tiny model, for tests); used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
-        steps: optimizer steps per agent (overrides ``train.steps``).
+        steps: optimizer steps per agent (overrides ``train.steps``; default: the config's own).
         overrides: ``dotted.key=value`` settings, e.g. ``["training.lr=1e-5", "train.mode=sync"]``.
         run_dir: where the store, checkpoints and report go (default ``runs/<time>``).
         dask_address: an existing Dask scheduler; default starts a LocalCluster.

@@ -26,6 +26,7 @@ METRICS = [
     ("KL to the reference", "KL (k3, per token)", "kl", "update"),
     ("entropy (estimate)", "nats per token", "entropy", "step"),
     ("staleness", "versions behind", "staleness", "update"),
+    ("queue depth", "waiting requests", "queue_depth", "update"),
     ("tokens/s", "trained tokens / s", "tokens_per_s", "update"),
 ]
 
@@ -40,8 +41,14 @@ def draw_agent_sheet(series: AgentSeries, path: Path) -> Path:
             xs, times, xlabel = series.steps, series.step_end_s, "training step"
         else:
             xs, times, xlabel = series.versions, series.update_s, "update (policy version produced)"
-        for ax, x, xl in ((axes[row][0], xs, xlabel), (axes[row][1], times, "seconds since start")):
-            _line(ax, x, values, title=title, xlabel=xl, ylabel=ylabel, missing=_why_missing(series, attr))
+        _line(axes[row][0], xs, values, title=title, xlabel=xlabel, ylabel=ylabel,
+              missing=_why_missing(series, attr))
+        if attr == "queue_depth" and series.queue_s:  # over time: every change, not only at the updates
+            axes[row][1].step(series.queue_s, series.queue, where="post", color="#1976d2")
+            _label(axes[row][1], title, "seconds since start", ylabel)
+        else:
+            _line(axes[row][1], times, values, title=title, xlabel="seconds since start", ylabel=ylabel,
+                  missing=_why_missing(series, attr))
         if any(v is not None for v in values):
             axes[row][0].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and versions are whole
     # samples: per policy version (left), cumulative over wall time (right)
@@ -54,7 +61,7 @@ def draw_agent_sheet(series: AgentSeries, path: Path) -> Path:
         right.step(series.sample_times_s, range(1, len(series.sample_times_s) + 1), where="post", color="#4caf50")
     _label(right, "samples generated", "seconds since start", "samples (cumulative)")
     fig.suptitle(f"agent {series.agent}", x=0.01, ha="left", fontsize="large")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.99))  # leave the top strip to the sheet's title
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -100,6 +107,6 @@ def _label(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
 def _why_missing(series: AgentSeries, attr: str) -> str:
     if attr == "kl":
         return "not logged: training.kl_coef is 0"
-    if attr == "staleness":
+    if attr in ("staleness", "queue_depth"):
         return "no timeline.json in the run directory"
     return "no data yet"

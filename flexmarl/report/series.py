@@ -2,7 +2,8 @@
 
 Step series come from the agent's samples (one point per training step): mean reward, an entropy estimate,
 samples. Update series come from the updates table (one point per policy version): loss, KL, gradient norm,
-tokens/s, and, when ``timeline.json`` exists, the staleness and queue depth the driver saw. Times are seconds
+tokens/s, and, when ``timeline.json`` exists, the staleness and queue depth the driver saw (and the queue
+over time). Times are seconds
 since the pipeline started (without a timeline: since the run's first committed sample).
 
 Definitions:
@@ -47,7 +48,10 @@ class AgentSeries:
     tokens_per_s: list[float | None] = field(default_factory=list)
     skipped: list[bool] = field(default_factory=list)
     staleness: list[float | None] = field(default_factory=list)  # from the timeline; None without one
-    queue_depth: list[int | None] = field(default_factory=list)
+    queue_depth: list[int | None] = field(default_factory=list)  # requests waiting when the update finished
+    # the agent's waiting requests over time, at each change (from the timeline)
+    queue_s: list[float] = field(default_factory=list)
+    queue: list[int] = field(default_factory=list)
 
     @property
     def has_kl(self) -> bool:
@@ -97,6 +101,10 @@ def load_series(run: RunDirectory, timeline: PipelineResult | None = None) -> di
             series.staleness.append(event.staleness if event else None)
             series.queue_depth.append(event.queue_depth if event else None)
             previous = at
+        for at, who, waiting in timeline.queue_trace if timeline else []:
+            if who == agent:
+                series.queue_s.append(at)
+                series.queue.append(waiting)
         out[agent] = series
     return out
 

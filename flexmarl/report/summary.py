@@ -7,7 +7,7 @@ busy time by kind, and the resolved config.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 
 from flexmarl.config import dump_config
@@ -89,6 +89,9 @@ def render_summary(
         lines += [f"Busy share of each worker's {timeline.wall_s:.1f} s, by kind of work "
                   f"(all workers: {timeline.utilization():.0%}).", ""]
         lines += _table(["worker", "busy", *KINDS], _utilisation_rows(timeline))
+        if timeline.moves:
+            gained = ", ".join(f"{a} {n}" for a, n in sorted(Counter(m.target for m in timeline.moves).items()))
+            lines += ["", f"The inter-agent balancer moved {len(timeline.moves)} replica slots (gained: {gained})."]
     elif report:
         lines += _table(["worker", "busy"], [[w, f"{u:.0%}"] for w, u in report["worker_utilization"].items()])
     else:

@@ -1,8 +1,9 @@
-"""``RUN_DIR/timeline.json``: the pipeline's worker spans and agent updates, kept after the run.
+"""``RUN_DIR/timeline.json``: the pipeline's worker spans, agent updates and queues, kept after the run.
 
-The store holds what was sampled and trained; it does not hold when each worker was busy, nor the
-per-update staleness and queue depth the driver saw. The training flow writes them here at the end of a run
-so that ``flexmarl report`` can draw the timeline and the per-agent pictures later.
+The store holds what was sampled and trained; it does not hold when each worker was busy, the per-update
+staleness, each agent's queue of waiting requests over time, nor the replica slots the balancer moved. The
+training flow writes them here at the end of a run, so that ``flexmarl report`` can draw the timeline and
+the per-agent pictures later.
 
 Example:
     >>> write_timeline(result, run_dir / TIMELINE_FILE)
@@ -17,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from flexmarl.orchestrator.pipeline import PipelineResult, Span, UpdateEvent
+from flexmarl.rollout.balancer import Move
 
 TIMELINE_FILE = "timeline.json"
 FORMAT = 1  # bumped when the layout changes, so that an old file is refused with a clear error
@@ -34,6 +36,8 @@ def write_timeline(result: PipelineResult, path: Path) -> Path:
         "store_read_s": result.store_read_s,
         "spans": [asdict(s) for s in result.spans],
         "updates": [asdict(u) for u in result.updates],
+        "moves": [asdict(m) for m in result.moves],
+        "queue_trace": result.queue_trace,
     }
     path.write_text(json.dumps(data))
     return path
@@ -61,4 +65,6 @@ def read_timeline(path: Path) -> PipelineResult:
         tokens=data["tokens"],
         store_write_s=data["store_write_s"],
         store_read_s=data["store_read_s"],
+        moves=[Move(**m) for m in data["moves"]],
+        queue_trace=[tuple(q) for q in data["queue_trace"]],
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
+from flexmarl.bench.rollout_bench import draw_queues
 from flexmarl.bench.timeline import draw_timeline
 from flexmarl.report.pictures import draw_agent_sheet, draw_rewards
 from flexmarl.report.series import load_series
@@ -48,6 +49,8 @@ def write_report(run: RunDirectory, out_dir: Path) -> ReportFiles:
         pictures[f"agent {agent}"] = draw_agent_sheet(s, out_dir / f"agent_{agent}.png")
     if timeline is not None and timeline.spans:
         pictures["worker timeline"] = draw_timeline(timeline, out_dir / "timeline.png", title="workers")
+    if timeline is not None and timeline.queue_trace:
+        pictures["queues and slot moves"] = draw_queues(timeline, out_dir / "queues.png", title="waiting requests")
     text = render_summary(run, series, report=report, timeline=timeline,
                           pictures={caption: p.name for caption, p in pictures.items()})
     md = out_dir / "report.md"

@@ -42,8 +42,9 @@ def test_report_draws_every_picture_and_summarises_the_run(tiny_run, tmp_path: P
     assert "queries_per_step: 2" in md  # the resolved config
 
     page = (out / "report.html").read_text()
+    queues = {"queues.png"} if read_timeline(tiny_run.run_dir / "timeline.json").queue_trace else set()
     assert set(re.findall(r'<img src="([^"]+)"', page)) == {
-        "rewards.png", "agent_solver.png", "agent_verifier.png", "timeline.png"}
+        "rewards.png", "agent_solver.png", "agent_verifier.png", "timeline.png", *queues}
     assert "<table>" in page and report["run_id"] in page
 
 
@@ -116,7 +117,7 @@ def test_an_unfinished_run_still_gets_a_report_and_a_bad_path_an_error(tiny_run,
     assert res.exit_code == 0, res.output
     md = (partial / "report" / "report.md").read_text()
     assert "no report.json: the run has not finished" in md and "no timeline.json" in md
-    assert not (partial / "report" / "timeline.png").exists()
+    assert not (partial / "report" / "timeline.png").exists() and not (partial / "report" / "queues.png").exists()
 
     res = runner.invoke(app, ["report", str(tiny_run.run_dir / "store")])
     assert res.exit_code == 2 and "has no config.yaml" in res.output

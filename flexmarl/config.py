@@ -27,6 +27,7 @@ from flexmarl.configbase import did_you_mean
 from flexmarl.meg.spec import MEGSpec
 from flexmarl.orchestrator.config import TrainLoopConfig
 from flexmarl.rollout.config import RolloutConfig
+from flexmarl.tracking.config import TrackingConfig
 from flexmarl.training.config import TrainerConfig
 from flexmarl.workloads.datasets import DataConfig
 from storage.config import StoreConfig
@@ -47,6 +48,7 @@ class RunConfig(MEGSpec):
     train: TrainLoopConfig = TrainLoopConfig()
     cluster: ClusterConfig = ClusterConfig()
     store: StoreConfig = StoreConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")
     def _check_templates(self) -> RunConfig:

@@ -1,4 +1,4 @@
-"""The `flexmarl` command line: local runs, config validation and store inspection."""
+"""The `flexmarl` command line: local runs, config validation, reports, exports and store inspection."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.table import Table
 
 from flows.cli_bench import bench_app
 from flows.cli_output import console, fail
+from flows.cli_report import export_command, report_command
 from flows.cli_store import store_app
 
 app = typer.Typer(help="FlexMARL: train teams of LLM agents with reinforcement learning.", no_args_is_help=True)
@@ -65,7 +66,7 @@ def train(
     console.print(table)
     for line in failure_lines(report):
         console.print(f"[yellow]warning:[/] {line}", highlight=False)
-    console.print(f"report: {Path(report['run_dir']) / 'report.json'}")
+    console.print(f"report: {Path(report['run_dir']) / 'report.json'}; pictures: flexmarl report {report['run_dir']}")
 
 
 def failure_lines(report: dict) -> list[str]:
@@ -95,6 +96,10 @@ def validate(config: Annotated[Path, typer.Argument(help="Config YAML file.")]) 
         fail(str(exc))
     order = " -> ".join(cfg.graph.order())
     console.print(f"[green]valid[/]: {len(cfg.agents)} agents, graph order {order}")
+
+
+app.command("report")(report_command)
+app.command("export")(export_command)
 
 
 if __name__ == "__main__":

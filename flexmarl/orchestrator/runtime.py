@@ -145,7 +145,8 @@ class Runtime:
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
             run_key=self.ctx.run_id, tokenizers=self.tokenizers, replicas=self.replicas, trainers=self.trainers,
-            slots=self.slots, model_dirs=self.model_dirs, state_dir=Path(self.ctx.run_dir) / "state",
+            slots=self.slots, model_dirs=self.model_dirs,
+            state_uri=self.cfg.training.state_uri or str(Path(self.ctx.run_dir) / "state"),
             versions=self.versions, tasks=self.tasks, on_update=self.events.put,
         )
         try:
@@ -172,5 +173,6 @@ class Runtime:
         try:
             self.client.run(release, f"replica:{self.ctx.run_id}/")
             self.client.run(release, f"trainer:{self.ctx.run_id}/")
+            self.client.run(release, f"prefetch:{self.ctx.run_id}/")  # states read ahead but never resumed
         finally:
             self.client.close()

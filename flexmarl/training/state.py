@@ -29,7 +29,8 @@ from pathlib import Path
 
 import fsspec
 import torch
-from safetensors.torch import load as load_tensors, save as save_tensors
+from fsspec.implementations.local import LocalFileSystem
+from safetensors.torch import load as load_tensors, load_file, save as save_tensors, save_file
 
 WEIGHTS = "weights.safetensors"
 OPTIMIZER = "optimizer.safetensors"
@@ -134,11 +135,11 @@ class HostCopy:
         meta_path = f"{root}/{META}"
         if fs.exists(meta_path):
             fs.rm(meta_path)  # first, so that a write cut short leaves no complete-looking mix of two states
-        blobs = {WEIGHTS: save_tensors(self.weights), OPTIMIZER: save_tensors(self.optimizer),
-                 META: json.dumps(self.meta).encode()}
-        for name, blob in blobs.items():  # META last
-            fs.pipe_file(f"{root}/{name}", blob)
-        return sum(len(b) for b in blobs.values())
+        written = _write_tensors(fs, f"{root}/{WEIGHTS}", self.weights)
+        written += _write_tensors(fs, f"{root}/{OPTIMIZER}", self.optimizer)
+        meta = json.dumps(self.meta).encode()
+        fs.pipe_file(meta_path, meta)  # last
+        return written + len(meta)
 
     @classmethod
     def read(cls, uri: str, storage_options: dict | None = None) -> HostCopy:
@@ -158,9 +159,8 @@ class HostCopy:
         if meta.get("format") != FORMAT:
             raise ValueError(f"training state at {uri} has format {meta.get('format')}, this version reads {FORMAT}")
         pin = torch.cuda.is_available()
-        # from bytes, so the tensors own their memory (a later park may overwrite the files)
-        weights = {k: _pinned(v, pin) for k, v in load_tensors(fs.cat_file(f"{root}/{WEIGHTS}")).items()}
-        tensors = {k: _pinned(v, pin) for k, v in load_tensors(fs.cat_file(f"{root}/{OPTIMIZER}")).items()}
+        weights = {k: _pinned(v, pin) for k, v in _read_tensors(fs, f"{root}/{WEIGHTS}").items()}
+        tensors = {k: _pinned(v, pin) for k, v in _read_tensors(fs, f"{root}/{OPTIMIZER}").items()}
         return cls(weights, tensors, meta)
 
 
@@ -239,6 +239,25 @@ class TrainingState:
         if copy.agent != self.agent:
             raise ValueError(f"state in {self.location} belongs to agent {copy.agent!r}, not {self.agent!r}")
         return copy
+
+
+def _write_tensors(fs, path: str, tensors: dict[str, torch.Tensor]) -> int:
+    if isinstance(fs, LocalFileSystem):
+        # straight to a file (no bytes in between: about twice as fast), then renamed over the old one, so
+        # that a reader of the old file keeps a whole file
+        save_file(tensors, f"{path}.partial")
+        fs.mv(f"{path}.partial", path)
+        return fs.size(path)
+    blob = save_tensors(tensors)
+    fs.pipe_file(path, blob)
+    return len(blob)
+
+
+def _read_tensors(fs, path: str) -> dict[str, torch.Tensor]:
+    if isinstance(fs, LocalFileSystem):
+        # copies that own their memory: the loaded tensors may map the file, which a later park replaces
+        return {k: v.clone() for k, v in load_file(path).items()}
+    return load_tensors(fs.cat_file(path))
 
 
 def _move_live(trainer, location: str) -> None:

@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+from flows.waiting import wait_for
 from tasks.engines import save_checkpoint, start_engines
 from tasks.pipeline import run_pipeline
 from tasks.publish import publish_report, publish_update, set_progress, start_progress
@@ -36,7 +37,7 @@ def resolve_config(
 
 @flow(name="flexmarl-train", log_prints=True)
 def train_run(
-    preset: Literal["default", "tiny"] | None = None,
+    preset: Literal["default", "tiny"] | None = "default",
     config: str | None = None,
     steps: int | None = None,
     overrides: list[str] | None = None,
@@ -49,7 +50,7 @@ def train_run(
         preset: a shipped config, 'default' (SmolLM2-135M solver -> verifier on GSM-style problems) or
             'tiny' (a tiny model, for tests); used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
-        steps: optimizer steps per agent (overrides ``train.steps``).
+        steps: optimizer steps per agent (overrides ``train.steps``; default: the config's own).
         overrides: ``dotted.key=value`` settings, e.g. ``["training.lr=1e-5", "train.mode=sync"]``.
         run_dir: where the store, checkpoints and report go (default ``runs/<time>``).
         dask_address: an existing Dask scheduler; default starts a LocalCluster.
@@ -70,13 +71,17 @@ def train_run(
             logger.info("engines: %s", start_engines(ctx))
             progress = start_progress()
             total = cfg.train.steps * len(cfg.agents)
+            events = Runtime.get(ctx).events
             pipeline = run_pipeline.submit(ctx)
+            # The pipeline ends its events with None; so does this callback, should the task die first.
+            pipeline.add_done_callback(lambda _: events.put(None))
             # Each agent update the pipeline finishes shows up as its own task run, as it happens.
             updates = []
-            for event in iter(Runtime.get(ctx).events.get, None):
+            for event in iter(events.get, None):
                 updates.append(publish_update(event))
                 set_progress(progress, len(updates), total)
-            result = pipeline.result()
+            result = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
+                              "rollout.request_timeout_s")
             if cfg.train.save_checkpoints:
                 for agent in cfg.agents:
                     save_checkpoint(ctx, agent)

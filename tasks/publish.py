@@ -43,9 +43,10 @@ def publish_update(event: UpdateEvent) -> dict:
         **{k: round(v, 6) for k, v in event.metrics.items()},
     }
     reward = "-" if event.mean_reward is None else f"{event.mean_reward:.3f}"
+    skipped = " | SKIPPED (loss not finite, weights untouched; lower training.lr or check the rewards)"
     get_run_logger().info(
         "%s v%d | reward %s | %d samples | %d tokens | t=%.1fs%s", event.agent, event.policy_version, reward,
-        event.samples, event.tokens, event.finished_at, " | SKIPPED (loss not finite)" if event.skipped else "",
+        event.samples, event.tokens, event.finished_at, skipped if event.skipped else "",
     )
     return row
 

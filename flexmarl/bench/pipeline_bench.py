@@ -43,11 +43,11 @@ def state_moves(result: PipelineResult) -> dict:
     parking and resuming states (their task threads), ``load_s`` the part that loaded a state into its new
     trainer, and ``prefetch_read_s`` the reads done ahead of time in the background, overlapping training."""
     return {
-        "moves": len(result.moves),
-        "prefetched": sum(m.prefetched for m in result.moves),
+        "moves": len(result.state_moves),
+        "prefetched": sum(m.prefetched for m in result.state_moves),
         "swap_s": sum(s.end - s.start for s in result.spans if s.kind == "swap" and not s.background),
-        "load_s": sum(m.load_s for m in result.moves),
-        "prefetch_read_s": sum(m.prefetch_s for m in result.moves),
+        "load_s": sum(m.load_s for m in result.state_moves),
+        "prefetch_read_s": sum(m.prefetch_s for m in result.state_moves),
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from flexmarl.configbase import Strict
 
@@ -32,12 +32,12 @@ class TrainerConfig(Strict):
     slots: int | None = Field(None, ge=1)
     """Training slots (workers that train) shared by all agents, M <= N allowed; null: one per training
     worker. Run-wide: an agent's own ``training`` cannot set it."""
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    """Accelerate's mixed precision for every trainer: 'no' (float32), 'bf16' (bfloat16 autocast, on CPU
-    or GPU) or 'fp16' (float16 autocast with loss scaling, CUDA only). The master weights and the Adam
-    moments stay float32 in every mode, and so does what a state move carries. Run-wide: accelerate allows
-    one configuration per process, so a worker that trained one run cannot train another with a different
-    value (restart the workers)."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """Accelerate's mixed precision for every trainer: 'no' (float32) or 'bf16' (bfloat16 autocast, on CPU or
+    GPU). The master weights and the Adam moments stay float32, and so does what a state move carries.
+    'fp16' is refused: it needs a loss scale per agent, and accelerate keeps one loss scaler per process,
+    shared by every agent a worker trains. Run-wide: accelerate allows one configuration per process, so a
+    worker that trained one run cannot train another with a different value (restart the workers)."""
     state_uri: str | None = None
     """Where a training state is parked when its agent moves to a slot on another worker: a directory, or
     an fsspec URI ('file:///shared/x', 's3://bucket/prefix'; 'memory://x' only when every worker is a
@@ -61,3 +61,13 @@ class TrainerConfig(Strict):
     """Cap of the importance weight current/behaviour policy for stale samples (``max_staleness`` > 0)."""
     adv_eps: float = Field(1e-6, gt=0)
     """Added to the group's reward standard deviation when normalising advantages."""
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _no_fp16(cls, value: object) -> object:
+        if value == "fp16":
+            raise ValueError(
+                "'fp16' is not supported: it needs a loss scale per agent, and accelerate keeps one per process, "
+                "shared by every agent a worker trains; use 'bf16' (or 'no')"
+            )
+        return value

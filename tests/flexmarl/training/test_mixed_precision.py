@@ -56,10 +56,10 @@ def test_a_second_different_configuration_in_one_process_is_refused(tiny_dir, fr
         AgentTrainer("c", tiny_dir, TrainerConfig(mixed_precision="no"), temperature=1.0)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")
-def test_fp16_without_a_gpu_is_a_clear_error(tiny_dir, fresh_process_accelerator) -> None:
-    with pytest.raises(ValueError, match="'fp16' needs a CUDA GPU .* use 'bf16' or 'no' on CPU"):
-        AgentTrainer("a", tiny_dir, TrainerConfig(mixed_precision="fp16"), temperature=1.0)
+def test_fp16_is_refused_naming_the_reason_and_the_alternative() -> None:
+    with pytest.raises(ConfigError, match=r"training.mixed_precision: 'fp16' is not supported: it needs a loss "
+                                          r"scale per agent.*use 'bf16'"):
+        load_config(preset="tiny", overrides=["training.mixed_precision=fp16"])
 
 
 @pytest.mark.parametrize("key, value", [("mixed_precision", "bf16"), ("slots", "1"), ("state_uri", "/tmp/x")])

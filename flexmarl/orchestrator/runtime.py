@@ -248,8 +248,8 @@ class Runtime:
         """Free this run's engines on every worker, then disconnect; bounded, and never masks a run's error."""
         timeout = self.cfg.cluster.connect_timeout_s
         try:
-            # prefetch: states read ahead but never resumed
-            for prefix in (f"replica:{self.ctx.run_id}/", f"trainer:{self.ctx.run_id}/", f"prefetch:{self.ctx.run_id}/"):
+            for kind in ("replica", "trainer", "prefetch"):  # prefetch: states read ahead but never resumed
+                prefix = f"{kind}:{self.ctx.run_id}/"
                 self.client.run(release, prefix, callback_timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
             log.warning("could not free the engines of run %s within %.0fs: %s", self.ctx.run_id, timeout, exc)

@@ -58,8 +58,9 @@ class RunConfig(MEGSpec):
     @model_validator(mode="after")
     def _check_agent_training(self) -> RunConfig:
         for agent, spec in self.agents.items():
-            if "slots" in spec.training:
-                raise ValueError(f"agents.{agent}.training.slots: slots are run-wide; set training.slots")
+            for key in TrainerConfig.RUN_WIDE:
+                if key in spec.training:
+                    raise ValueError(f"agents.{agent}.training.{key}: {key} is run-wide; set training.{key}")
             try:
                 self.trainer_config(agent)
             except ValidationError as exc:

@@ -65,7 +65,8 @@ def swap(
     out: Annotated[Path, typer.Option(help="Output directory for bench_swap.json.")],
     models: Annotated[str, typer.Option(help="Comma-separated model settings.")] = "tiny,smollm2-135m-instruct",
 ) -> None:
-    """Time moving an agent's whole training state device <-> host <-> disk, and check it is bit-exact."""
+    """Time moving an agent's whole training state device <-> host <-> disk <-> object store, and check it
+    is bit-exact."""
     from flexmarl.bench.swap_bench import bench_swap
 
     report = bench_swap([m.strip() for m in models.split(",") if m.strip()], log=console.print)
@@ -75,7 +76,9 @@ def swap(
         console.print(
             f"{model}: {r['state_bytes'] / 1e6:.1f} MB, to host {r['to_host_gb_per_s']:.2f} GB/s, "
             f"to device {r['to_device_gb_per_s']:.2f} GB/s, to disk {r['to_disk_gb_per_s']:.2f} GB/s, "
-            f"from disk {r['from_disk_gb_per_s']:.2f} GB/s, bit exact {r['bit_exact']} ({r['device']})"
+            f"from disk {r['from_disk_gb_per_s']:.2f} GB/s, to/from {r['object_store']} object store "
+            f"{r['to_object_store_gb_per_s']:.2f}/{r['from_object_store_gb_per_s']:.2f} GB/s, "
+            f"bit exact {r['bit_exact']} ({r['device']}{', pinned' if r['pinned'] else ''})"
         )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.compute as pc
-from distributed import Client, Future
+from distributed import Client, Future, fire_and_forget
 
 from flexmarl.cluster.local import submit_on
 from flexmarl.cluster.worker_state import timed_call
@@ -36,7 +36,8 @@ from storage.store import ExperienceStore
 
 
 QUEUE_DEPTH = 2  # micro-batches of one agent queued on its slot at once
-PRIORITY = {"generate": 10, "sync": 5}  # Dask task priorities; training tasks get 0
+# Dask task priorities; training tasks get 0. A prefetch only starts a background read, so it goes first.
+PRIORITY = {"generate": 10, "sync": 5, "park": 5, "prefetch": 20}
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,11 @@ class Span:
     """A stretch of work on one worker, for the timeline picture and utilisation."""
 
     worker: str
-    kind: str  # "rollout", "train", "swap" (a state onto a slot's device) or "sync"
+    kind: str  # "rollout", "train", "swap" (a training state moving) or "sync"
     agent: str
     start: float
     end: float
+    background: bool = False  # off the worker's task thread (a prefetch read): overlaps its tasks, not busy time
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,17 @@ class UpdateEvent:
     queue_depth: int = 0  # the agent's requests waiting for a replica when the update finished
 
 
+@dataclass(frozen=True)
+class StateMove:
+    """An agent's training state resumed on another slot."""
+
+    agent: str
+    worker: str  # the slot it moved to
+    load_s: float  # bringing the state into the new trainer, on the agent's critical path
+    prefetched: bool  # the state was already in the slot's host memory (read while the slot trained)
+    prefetch_s: float = 0.0  # the background read, when prefetched
+
+
 @dataclass
 class PipelineResult:
     start: float  # wall-clock time the pipeline started
@@ -77,10 +90,11 @@ class PipelineResult:
     store_read_s: float = 0.0  # the trainers' time reading their micro-batches from the store
     moves: list[Move] = field(default_factory=list)  # replica slots the inter-agent balancer moved
     queue_trace: list[tuple[float, str, int]] = field(default_factory=list)  # (s since start, agent, waiting)
+    state_moves: list[StateMove] = field(default_factory=list)  # training states resumed on another slot
 
     def utilization(self) -> float:
         """Busy worker-seconds over total worker-seconds."""
-        busy = sum(s.end - s.start for s in self.spans)
+        busy = sum(s.end - s.start for s in self.spans if not s.background)
         return busy / (len(self.workers) * self.wall_s) if self.wall_s > 0 else 0.0
 
 
@@ -136,7 +150,7 @@ class PipelineRunner:
         trainers: per agent, the worker holding its trainer at the start.
         slots: the training workers; agents bind them on demand.
         model_dirs: per agent, its model directory (to rebuild a trainer on another slot).
-        state_dir: where training states are written when they move between workers.
+        state_uri: a directory or fsspec URI where training states are parked when they move between workers.
         versions: per agent, the starting policy version.
         tasks: the task stream.
         on_update: called in the loop's thread after each agent update is recorded.
@@ -157,7 +171,7 @@ class PipelineRunner:
         trainers: dict[str, str],
         slots: list[str],
         model_dirs: dict[str, str],
-        state_dir: str | Path,
+        state_uri: str | Path,
         versions: dict[str, int],
         tasks: TaskStream,
         on_update: Callable[[UpdateEvent], None] | None = None,
@@ -167,10 +181,13 @@ class PipelineRunner:
         self.run_key, self.tokenizers, self.tasks, self.on_update = run_key, tokenizers, tasks, on_update
         self.train = train
         self.slots = sorted(set(slots))
-        self.location = dict(trainers)  # where each agent's training state lives now
+        self.location = dict(trainers)  # the worker holding each agent's trainer and state
         self.bound: dict[str, str | None] = {}  # agent -> the slot it holds for its current step
         self.model_dirs = model_dirs
-        self.state_dir = Path(state_dir)
+        self.state_uri = str(state_uri).rstrip("/")
+        self.parked: dict[str, tuple[str, Future]] = {}  # agent -> where a copy of its state is, and the park task
+        self.prefetched: dict[str, tuple[str, Future]] = {}  # agent -> the slot reading its state ahead, the task
+        self.state_moves: list[StateMove] = []
         self.versions = dict(versions)  # trainer versions
         self.engines = {a: list(ws) for a, ws in engines.items()}
         self.engine_version = {(a, w): versions[a] for a, ws in engines.items() for w in ws}
@@ -237,7 +254,7 @@ class PipelineRunner:
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens,
                               self.store_write_s, self.store_read_s,
-                              self.balancer.moves if self.balancer else [], self.queue_trace)
+                              self.balancer.moves if self.balancer else [], self.queue_trace, self.state_moves)
 
     @contextmanager
     def _timing_store(self) -> Iterator[None]:
@@ -290,7 +307,7 @@ class PipelineRunner:
         elif kind == "sync":
             self._on_synced(what[1], what[2], what[3], value)
         elif kind == "move":
-            self._on_moved(what[1], what[2])
+            self._on_moved(what[1], what[2], value)
 
     # ------------------------------------------------------------------ rollout
 
@@ -448,8 +465,9 @@ class PipelineRunner:
         """Agent-centric slots: an agent with training work binds a free slot and keeps it for its step.
 
         A bound agent's next micro-batch runs on its slot. Unbound agents with work take the free slots,
-        the one whose ready work waited longest first, preferring the slot that already holds its state;
-        elsewhere its state moves there first (written by one worker, read by the other).
+        the one whose ready work waited longest first, preferring the slot its state was prefetched to, then
+        the slot that holds its state; elsewhere its state moves there first (parked by one worker, resumed
+        by the other). Agents still waiting get their states prefetched to the slots likely to free next.
         """
         if not self.train:
             return
@@ -463,13 +481,78 @@ class PipelineRunner:
         while free and waiting:
             agent = self.policy.pick_agent({a: w[0] for a, w in waiting.items()})
             _, mb = waiting.pop(agent)
-            target = self.location[agent] if self.location[agent] in free else free[0]
+            target = self._slot_for(agent, free)
             free.remove(target)
             self.bound[agent] = target
             if target == self.location[agent]:
+                self._stay(agent)
                 self._run_training(agent, target, mb)
             else:
                 self._move_state(agent, target)
+        if waiting:
+            self._prefetch_states(waiting)
+
+    def _slot_for(self, agent: str, free: list[str]) -> str:
+        prefetched_to = self.prefetched.get(agent, (None, None))[0]
+        for preferred in (prefetched_to, self.location[agent]):
+            if preferred in free:
+                return preferred
+        return free[0]
+
+    def _slots_by_release(self) -> list[str]:
+        """Bound slots, the one likely to free first first: its agent has the fewest micro-batches left."""
+        left = {}
+        for agent, worker in self.bound.items():
+            if worker is not None:
+                left[worker] = sum(not m.trained for m in self.micro.get((agent, self.versions[agent]), []))
+        return sorted(left, key=lambda w: (left[w], w))
+
+    def _prefetch_states(self, waiting: dict[str, tuple[float, MicroBatch | None]]) -> None:
+        """Every slot is bound: read the states of the agents that will bind next into the host memory of the
+        slots likely to free first (in the same order), while those slots train. The move then skips the read.
+        """
+        order, pending = [], {a: w[0] for a, w in waiting.items()}
+        while pending:
+            order.append(self.policy.pick_agent(pending))
+            del pending[order[-1]]
+        taken = {worker for worker, _ in self.prefetched.values()}
+        slots = [w for w in self._slots_by_release() if w not in taken]
+        for agent in order:
+            if agent in self.prefetched:
+                continue
+            if not slots:
+                break
+            target = slots.pop(0)
+            if target == self.location[agent]:
+                continue  # its state is already there
+            uri, parked = self._park(agent)
+            fut = submit_on(self.client, target, slot.prefetch, self.key(agent), uri,
+                            self.cfg.training.state_storage_options, parked, priority=PRIORITY["prefetch"])
+            self.prefetched[agent] = (target, fut)
+
+    def _park(self, agent: str) -> tuple[str, Future]:
+        """Write the agent's state from its worker to the state store, once; returns where, and the task.
+
+        Its trainer stays on that worker until the state is resumed elsewhere, so a wrong guess of the slot
+        that frees first costs only the write when the agent then binds its own slot again.
+        """
+        if agent not in self.parked:
+            uri = f"{self.state_uri}/{agent}"
+            fut = self._submit(self.location[agent], slot.park, self.key(agent), uri,
+                               self.cfg.training.state_storage_options, what=("park", agent))
+            self.parked[agent] = (uri, fut)
+        return self.parked[agent]
+
+    def _stay(self, agent: str) -> None:
+        """The agent binds the slot that holds its trainer: a parked copy or a read ahead is not needed."""
+        self.parked.pop(agent, None)  # it trains here next, so the copy goes stale (the next park replaces it)
+        prefetched = self.prefetched.pop(agent, None)
+        if prefetched is not None:
+            self._discard_prefetch(agent, prefetched[0])
+
+    def _discard_prefetch(self, agent: str, worker: str) -> None:
+        fire_and_forget(submit_on(self.client, worker, slot.discard_prefetch, self.key(agent),
+                                  priority=PRIORITY["prefetch"]))
 
     def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
         step = self.versions[agent]
@@ -483,19 +566,34 @@ class PipelineRunner:
             self._submit(worker, slot.finish_step, self.key(agent), what=("finish", agent, step, worker))
 
     def _move_state(self, agent: str, target: str) -> None:
-        """Park the agent's state on its old worker, resume it on ``target`` (two swap spans)."""
+        """Resume the agent's state on ``target``: parked by its old worker (unless it already is), read by
+        ``target`` (unless prefetched there); each leg is a swap span."""
         self.blocked[agent] = True
-        state_dir = str(self.state_dir / agent)
-        parked = self._submit(self.location[agent], slot.park, self.key(agent), state_dir,
-                              what=("park", agent))
+        uri, after = self._park(agent)
+        prefetched = self.prefetched.pop(agent, None)
+        if prefetched is not None:
+            where, fut = prefetched
+            if where == target:
+                after = fut  # resume after the prefetch started, so that it finds the read under way
+            else:  # the guess of the next free slot was wrong: free that slot's copy
+                self._discard_prefetch(agent, where)
         trainer_cfg, sampling = self.trainer_cfg[agent], self.cfg.agents[agent].sampling
         self._submit(target, slot.resume, self.key(agent), self.model_dirs[agent], trainer_cfg,
-                     sampling.temperature, sampling.max_new_tokens, state_dir, parked,
+                     sampling.temperature, sampling.max_new_tokens, uri, self.versions[agent], after,
                      what=("move", agent, target))
 
-    def _on_moved(self, agent: str, target: str) -> None:
+    def _on_moved(self, agent: str, target: str, value: dict) -> None:
+        fire_and_forget(submit_on(self.client, self.location[agent], slot.drop_trainer, self.key(agent),
+                                  priority=PRIORITY["prefetch"]))  # before any later resume of it there
         self.location[agent] = target
         self.blocked[agent] = False
+        del self.parked[agent]
+        prefetch_s = 0.0
+        if value["prefetch"] is not None:
+            start, end = value["prefetch"]
+            prefetch_s = end - start
+            self.spans.append(Span(target, "swap", agent, start, end, background=True))
+        self.state_moves.append(StateMove(agent, target, value["load_s"], value["prefetch"] is not None, prefetch_s))
 
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.

@@ -20,7 +20,8 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
     worker_busy: dict[str, float] = defaultdict(float)
     for span in result.spans:
         busy[span.agent][span.kind] += span.end - span.start
-        worker_busy[span.worker] += span.end - span.start
+        if not span.background:  # a prefetch read overlaps the worker's tasks
+            worker_busy[span.worker] += span.end - span.start
     agents = {}
     for agent in cfg.agents:
         samples = store.read_samples(agent, columns=["step", "reward", "response_ids", "parsed"])

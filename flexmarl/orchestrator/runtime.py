@@ -221,8 +221,8 @@ class Runtime:
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
             run_key=self.ctx.run_id, tokenizers=self.tokenizers, engines=self.engines,
-            rollout_slots=self.rollout_slots, trainers=self.trainers,
-            slots=self.slots, model_dirs=self.model_dirs, state_dir=Path(self.ctx.run_dir) / "state",
+            rollout_slots=self.rollout_slots, trainers=self.trainers, slots=self.slots, model_dirs=self.model_dirs,
+            state_uri=self.cfg.training.state_uri or str(Path(self.ctx.run_dir) / "state"),
             versions=self.versions, tasks=self.tasks, on_update=self.events.put, train=train,
         )
         try:
@@ -248,7 +248,8 @@ class Runtime:
         """Free this run's engines on every worker, then disconnect; bounded, and never masks a run's error."""
         timeout = self.cfg.cluster.connect_timeout_s
         try:
-            for prefix in (f"replica:{self.ctx.run_id}/", f"trainer:{self.ctx.run_id}/"):
+            for kind in ("replica", "trainer", "prefetch"):  # prefetch: states read ahead but never resumed
+                prefix = f"{kind}:{self.ctx.run_id}/"
                 self.client.run(release, prefix, callback_timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
             log.warning("could not free the engines of run %s within %.0fs: %s", self.ctx.run_id, timeout, exc)

@@ -37,6 +37,29 @@ def pipeline(
     console.print((out / "report.md").read_text(), markup=False)
 
 
+@bench_app.command("rollout")
+def rollout(
+    out: Annotated[Path, typer.Option(help="Output directory for bench_rollout.json and pictures.")],
+    repeats: Annotated[int, typer.Option(min=1, help="Runs of each way; the report gives medians.")] = 3,
+    workload: Annotated[str, typer.Option(help="Preset of the skewed workload.")] = "fan_out",
+) -> None:
+    """Layered vs dependency-parallel sampling, and with vs without inter-agent balancing, in one run."""
+    from flexmarl.bench.rollout_bench import bench_rollout
+
+    report = bench_rollout(out_dir=out, workload=workload, repeats=repeats, log=console.print)
+    dp, lb = report["dependency_parallel"], report["balancing"]
+    table = Table(title=f"rollout of {report['episodes']} episodes ({report['tokens']} tokens), median of {repeats}")
+    for col in ("way", "wall s", "speedup"):
+        table.add_column(col)
+    table.add_row("layered", f"{dp['layered_s']:.2f}", "")
+    table.add_row("dependency-parallel", f"{dp['dependency_s']:.2f}", f"{dp['speedup']:.2f}x vs layered")
+    table.add_row("without balancing", f"{lb['without_lb']['wall_s']:.2f}", "")
+    table.add_row("with balancing", f"{lb['with_lb']['wall_s']:.2f}",
+                  f"{lb['speedup']:.2f}x, {lb['with_lb']['capacity_moves']} slot moves")
+    console.print(table)
+    console.print(f"report: {out / 'bench_rollout.json'}")
+
+
 @bench_app.command("swap")
 def swap(
     out: Annotated[Path, typer.Option(help="Output directory for bench_swap.json.")],

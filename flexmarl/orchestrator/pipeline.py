@@ -26,6 +26,7 @@ from flexmarl.config import RunConfig
 from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
+from flexmarl.rollout.balancer import InterAgentBalancer, Move
 from flexmarl.rollout.episodes import Episode, EpisodeGraph, request_seed
 from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score
 from flexmarl.training import slot
@@ -74,6 +75,8 @@ class PipelineResult:
     tokens: int  # response tokens generated
     store_write_s: float = 0.0  # the driver's time in store commits (samples, episodes, updates)
     store_read_s: float = 0.0  # the trainers' time reading their micro-batches from the store
+    moves: list[Move] = field(default_factory=list)  # replica slots the inter-agent balancer moved
+    queue_trace: list[tuple[float, str, int]] = field(default_factory=list)  # (s since start, agent, waiting)
 
     def utilization(self) -> float:
         """Busy worker-seconds over total worker-seconds."""
@@ -83,11 +86,11 @@ class PipelineResult:
 
 @dataclass
 class Replica:
+    """A rollout replica slot: one generation batch at a time on ``worker``, for ``agent`` (slots move)."""
+
     agent: str
     worker: str
-    version: int
     busy: bool = False
-    outstanding_tokens: int = 0
 
 
 @dataclass
@@ -127,7 +130,9 @@ class PipelineRunner:
         store: the run's experience store (this runner is the only writer of its sample tables).
         run_key: prefix of the engines' registry keys on the workers.
         tokenizers: per agent, for prompts and decoding on the driver.
-        replicas: per agent, the workers holding a replica.
+        engines: per agent, the workers holding its rollout engine (each gets the agent's weight syncs).
+        rollout_slots: the replica slots, as (worker, agent it serves first); the worker must hold an engine
+            of every agent a slot may move to (all of them, when ``rollout.load_balance`` is on).
         trainers: per agent, the worker holding its trainer at the start.
         slots: the training workers; agents bind them on demand.
         model_dirs: per agent, its model directory (to rebuild a trainer on another slot).
@@ -135,6 +140,7 @@ class PipelineRunner:
         versions: per agent, the starting policy version.
         tasks: the task stream.
         on_update: called in the loop's thread after each agent update is recorded.
+        train: False samples and commits the steps' episodes without training (the rollout benchmark).
     """
 
     def __init__(
@@ -146,7 +152,8 @@ class PipelineRunner:
         store: ExperienceStore,
         run_key: str,
         tokenizers: dict,
-        replicas: dict[str, list[str]],
+        engines: dict[str, list[str]],
+        rollout_slots: list[tuple[str, str]],
         trainers: dict[str, str],
         slots: list[str],
         model_dirs: dict[str, str],
@@ -154,16 +161,28 @@ class PipelineRunner:
         versions: dict[str, int],
         tasks: TaskStream,
         on_update: Callable[[UpdateEvent], None] | None = None,
+        train: bool = True,
     ) -> None:
         self.client, self.cfg, self.policy, self.store = client, cfg, policy, store
         self.run_key, self.tokenizers, self.tasks, self.on_update = run_key, tokenizers, tasks, on_update
+        self.train = train
         self.slots = sorted(set(slots))
         self.location = dict(trainers)  # where each agent's training state lives now
         self.bound: dict[str, str | None] = {}  # agent -> the slot it holds for its current step
         self.model_dirs = model_dirs
         self.state_dir = Path(state_dir)
         self.versions = dict(versions)  # trainer versions
-        self.replicas = {a: [Replica(a, w, versions[a]) for w in ws] for a, ws in replicas.items()}
+        self.engines = {a: list(ws) for a, ws in engines.items()}
+        self.engine_version = {(a, w): versions[a] for a, ws in engines.items() for w in ws}
+        self.replicas: dict[str, list[Replica]] = {a: [] for a in cfg.agents}
+        for worker, agent in rollout_slots:
+            self.replicas[agent].append(Replica(agent, worker))
+        self.outstanding_tokens: dict[str, int] = defaultdict(int)  # per worker: tokens of batches sent to it
+        self.balancer = InterAgentBalancer(
+            cfg.rollout.balance_threshold, cfg.rollout.balance_cooldown_s,
+            min_slots=1 if len(rollout_slots) >= len(cfg.agents) else 0,
+        ) if cfg.rollout.load_balance else None
+        self.queue_trace: list[tuple[float, str, int]] = []
         self.graph = EpisodeGraph(cfg, tokenizers)
         self.trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
         self.nodes_in_layer: dict[int, int] = defaultdict(int)
@@ -209,7 +228,7 @@ class PipelineRunner:
             self._dispatch_generation()
             self._dispatch_training()
             if not self.inflight:
-                if all(v >= target for v in self.versions.values()):
+                if all(v >= target for v in self.versions.values()) or (not self.train and not self.steps):
                     break
                 raise RuntimeError(f"pipeline stalled with nothing in flight (versions {self.versions})")
             fut = self._next_finished()
@@ -217,7 +236,8 @@ class PipelineRunner:
             self._handle(fut, self.inflight.pop(fut))
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens,
-                              self.store_write_s, self.store_read_s)
+                              self.store_write_s, self.store_read_s,
+                              self.balancer.moves if self.balancer else [], self.queue_trace)
 
     @contextmanager
     def _timing_store(self) -> Iterator[None]:
@@ -235,9 +255,9 @@ class PipelineRunner:
         except queue.Empty:
             late = [f for f, d in self.sync_deadlines.items() if d <= time.time()]
             if late:
-                _, agent, rep, version = self.inflight[late[0]]
+                _, agent, worker, version = self.inflight[late[0]]
                 raise WeightSyncError(
-                    f"weight sync of agent {agent!r} to v{version} on replica {rep.worker} did not finish within "
+                    f"weight sync of agent {agent!r} to v{version} on replica {worker} did not finish within "
                     f"{self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)"
                 ) from None
             what = sorted({f"{w[0]} {w[1]}" for w in self.inflight.values()})
@@ -262,7 +282,7 @@ class PipelineRunner:
         span_kind = {"generate": "rollout", "sync": "sync", "park": "swap", "move": "swap"}.get(kind, "train")
         self.spans.append(Span(worker, span_kind, what[1], start + swap_s, end))
         if kind == "generate":
-            self._on_generated(what[2], what[3], value)
+            self._on_generated(what[2], what[3], what[4], value)
         elif kind == "train":
             self._on_trained(what[2], what[3])
         elif kind == "finish":
@@ -306,15 +326,18 @@ class PipelineRunner:
         return all(state.finished_nodes[k] == n * self.nodes_in_layer[k] for k in range(self.graph.layer[node]))
 
     def _dispatch_generation(self) -> None:
+        self._balance()
         for agent, waiting in self.waiting.items():
             if not waiting:
                 continue
             free = {f"{i}": r for i, r in enumerate(self.replicas[agent]) if not r.busy}
             while free and waiting:
-                rep = free.pop(self.policy.pick_replica({k: r.outstanding_tokens for k, r in free.items()}))
+                # intra-agent balancing: the free slot whose worker has the fewest tokens outstanding
+                rep = free.pop(self.policy.pick_replica({k: self.outstanding_tokens[r.worker] for k, r in free.items()}))
+                version = self.engine_version[(agent, rep.worker)]
                 eligible = [
                     i for i, (step, _, _, node) in enumerate(waiting)
-                    if self.policy.may_generate(agent, step, rep.version) and self._layer_open(step, node)
+                    if self.policy.may_generate(agent, step, version) and self._layer_open(step, node)
                 ]
                 chosen = self.policy.pick_requests([waiting[i][:2] for i in eligible], self.cfg.rollout.max_batch_size)
                 if not chosen:
@@ -329,14 +352,40 @@ class PipelineRunner:
                     for _, sid, ep, node in items
                 ]
                 rep.busy = True
-                rep.outstanding_tokens += len(requests) * sampling.max_new_tokens
+                self.outstanding_tokens[rep.worker] += len(requests) * sampling.max_new_tokens
                 self._submit(rep.worker, replica_fns.generate, self.key(agent), requests,
                              what=("generate", agent, rep, [(ep, node, r.prompt_ids) for (_, _, ep, node), r
-                                                             in zip(items, requests, strict=True)]))
+                                                             in zip(items, requests, strict=True)],
+                                   len(requests) * sampling.max_new_tokens))
 
-    def _on_generated(self, rep: Replica, batch: list, results: list) -> None:
+    def _balance(self) -> None:
+        """Record each agent's queue; inter-agent balancing moves idle replica slots to the longest queues."""
+        now = time.time() - self.t0
+        for agent, waiting in self.waiting.items():
+            last = next((d for _, a, d in reversed(self.queue_trace) if a == agent), None)
+            if last != len(waiting):
+                self.queue_trace.append((now, agent, len(waiting)))
+        if self.balancer is None:
+            return
+        while True:
+            queue_depth = {a: len(w) for a, w in self.waiting.items()}
+            slots = {a: len(r) for a, r in self.replicas.items()}
+            idle = {a: sum(not x.busy for x in r) for a, r in self.replicas.items()}
+            move = self.balancer.decide(now, queue_depth, slots, idle)
+            if move is None:
+                return
+            # The target's engine is resident on every rollout worker: the slot switches at once. Take it where
+            # the target has the fewest slots already (a second slot on a worker only queues behind the first).
+            held = [r.worker for r in self.replicas[move.target]]
+            rep = min((r for r in self.replicas[move.source] if not r.busy),
+                      key=lambda r: (held.count(r.worker), self.outstanding_tokens[r.worker], r.worker))
+            self.replicas[move.source].remove(rep)
+            rep.agent = move.target
+            self.replicas[move.target].append(rep)
+
+    def _on_generated(self, rep: Replica, batch: list, tokens: int, results: list) -> None:
         rep.busy = False
-        rep.outstanding_tokens = 0
+        self.outstanding_tokens[rep.worker] -= tokens
         for (ep, node, prompt_ids), result in zip(batch, results, strict=True):
             self.tokens += len(result.response_ids)
             state = self.steps[ep.step]
@@ -402,6 +451,8 @@ class PipelineRunner:
         the one whose ready work waited longest first, preferring the slot that already holds its state;
         elsewhere its state moves there first (written by one worker, read by the other).
         """
+        if not self.train:
+            return
         work = {a: w for a in self.cfg.agents if (w := self._training_work(a))}
         for agent, (_, mb) in sorted(work.items()):
             bound = self.bound.get(agent)
@@ -489,18 +540,18 @@ class PipelineRunner:
         )
         self.updates.append(event)
         weights = submit_on(self.client, self.location[agent], slot.weights, self.key(agent))
-        for rep in self.replicas[agent]:
+        for worker in self.engines[agent]:
             self.pending_syncs[agent] += 1
-            fut = self._submit(rep.worker, replica_fns.load_weights, self.key(agent), result.policy_version,
-                               weights, what=("sync", agent, rep, result.policy_version))
+            fut = self._submit(worker, replica_fns.load_weights, self.key(agent), result.policy_version,
+                               weights, what=("sync", agent, worker, result.policy_version))
             self.sync_deadlines[fut] = time.time() + self.cfg.rollout.sync_timeout_s
         if self.on_update is not None:
             self.on_update(event)
 
-    def _on_synced(self, agent: str, rep: Replica, version: int, applied: int) -> None:
+    def _on_synced(self, agent: str, worker: str, version: int, applied: int) -> None:
         if applied != version:
-            raise WeightSyncError(f"replica {rep.worker} of agent {agent!r} reports v{applied} after a sync to v{version}")
-        rep.version = version
+            raise WeightSyncError(f"replica {worker} of agent {agent!r} reports v{applied} after a sync to v{version}")
+        self.engine_version[(agent, worker)] = version
         self.pending_syncs[agent] -= 1
         if self.pending_syncs[agent] == 0:
             self.blocked[agent] = False

@@ -59,6 +59,18 @@ def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
     return f"{run_path.name}-{uuid.uuid4().hex[:8]}", store_uri
 
 
+def deal_slots(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
+    """Replica slots as (worker, agent): slot i of every worker before slot i + 1, agents dealt in turn.
+
+    Every agent gets at least one slot, so a worker may hold more than ``per_worker`` when agents outnumber
+    the slots.
+    """
+    places = [w for _ in range(per_worker) for w in workers]
+    while len(places) < len(agents):
+        places += workers
+    return [(w, agents[i % len(agents)]) for i, w in enumerate(places)]
+
+
 def schedule_policy(cfg: RunConfig) -> SchedulePolicy:
     return SchedulePolicy(
         mode=cfg.train.mode,
@@ -102,15 +114,16 @@ class Runtime:
         if slots is not None and slots > len(train_workers):
             raise ValueError(f"training.slots={slots} but only {len(train_workers)} training workers exist")
         # Agents start on the training slots round-robin and bind a free slot whenever they have work (M <= N
-        # is fine; a slot swaps states on and off its device). With load balancing every rollout worker holds
-        # a replica of every agent; otherwise the agent has one replica, placed round-robin.
+        # is fine; a slot swaps states on and off its device). Rollout replica slots are dealt round-robin
+        # too; with load balancing every rollout worker holds an engine of every agent so that slots can move.
         self.slots = train_workers[:slots]
         self.trainers = place(list(self.cfg.agents), self.slots)
-        self.replicas = (
-            {a: list(rollout_workers) for a in self.cfg.agents}
-            if self.cfg.rollout.load_balance
-            else {a: [w] for a, w in place(list(self.cfg.agents), rollout_workers).items()}
-        )
+        self.rollout_slots = deal_slots(list(self.cfg.agents), rollout_workers, self.cfg.rollout.slots_per_worker)
+        self.engines = {
+            a: list(rollout_workers) if self.cfg.rollout.load_balance
+            else sorted({w for w, agent in self.rollout_slots if agent == a})
+            for a in self.cfg.agents
+        }
         self.versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
         self.tasks = TaskStream(load_tasks(self.cfg.data), seed=self.cfg.data.seed)
         self.timeout_s = self.cfg.rollout.request_timeout_s
@@ -130,7 +143,7 @@ class Runtime:
         futures = []
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
-            for worker in self.replicas[agent]:
+            for worker in self.engines[agent]:
                 futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
                                          version))
             futures.append(submit_on(
@@ -138,15 +151,20 @@ class Runtime:
                 self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens, version,
             ))
         self._wait(futures, "starting the engines")
-        return {a: {"trainer": self.trainers[a], "replicas": self.replicas[a]} for a in self.cfg.agents}
+        return {a: {"trainer": self.trainers[a], "engines": self.engines[a],
+                    "slots": [w for w, x in self.rollout_slots if x == a]} for a in self.cfg.agents}
 
-    def run(self) -> PipelineResult:
-        """Run every agent's updates under the configured schedule; each update is also put on ``events``."""
+    def run(self, *, train: bool = True) -> PipelineResult:
+        """Run every agent's updates under the configured schedule; each update is also put on ``events``.
+
+        ``train=False`` only samples (and commits) the steps' episodes: the rollout benchmark.
+        """
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
-            run_key=self.ctx.run_id, tokenizers=self.tokenizers, replicas=self.replicas, trainers=self.trainers,
+            run_key=self.ctx.run_id, tokenizers=self.tokenizers, engines=self.engines,
+            rollout_slots=self.rollout_slots, trainers=self.trainers,
             slots=self.slots, model_dirs=self.model_dirs, state_dir=Path(self.ctx.run_dir) / "state",
-            versions=self.versions, tasks=self.tasks, on_update=self.events.put,
+            versions=self.versions, tasks=self.tasks, on_update=self.events.put, train=train,
         )
         try:
             result = runner.run()

@@ -131,3 +131,19 @@ def test_an_agent_moves_to_a_free_slot_with_its_whole_state(tmp_path: Path, addr
     assert moved, "an agent should have taken the free slot"
     assert {s.worker for s in result.spans if s.kind == "swap"} == set(runtime.slots)  # parked, then resumed
     assert max_diff(reference, weights) <= 1e-5  # the move carried weights, optimizer state and version
+
+
+def test_the_balancer_moves_slots_to_the_skewed_agent_and_records_queues(tmp_path: Path, address: str) -> None:
+    _, result, _, _ = run("flexmarl", tmp_path, address)
+    cfg = load_config(preset="fan_out")
+    # the solver answers three times per episode: its queue outgrows the planner's and takes the planner's slot
+    assert any(m.target == "solver" for m in result.moves), result.moves
+    for m in result.moves:
+        assert m.target_load - m.source_load > cfg.rollout.balance_threshold
+    traced = {agent for _, agent, depth in result.queue_trace if depth > 0}
+    assert traced == set(cfg.agents)
+    # a planner batch finishes at once: its 8 episodes put 3 solver requests each in the solver's queue
+    assert max(d for _, a, d in result.queue_trace if a == "solver") >= 8
+
+    _, static, _, _ = run("no-lb", tmp_path, address)
+    assert static.moves == []

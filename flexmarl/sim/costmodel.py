@@ -189,6 +189,9 @@ class WorkloadCost(Strict):
     """'continuous' (vLLM-like): finished sequences leave the batch, the rest decode faster; the batch's results
     return when its last sequence ends. 'static' (Hugging Face generate): every step decodes the whole batch
     until its longest sequence ends."""
+    stream_interval_s: float = Field(1.0, ge=0)
+    """Continuous batching: a batch's finished sequences return in chunks at most this often (0: each one as
+    it ends). Fewer events, so a faster simulation; a second is small against decodes of minutes."""
     seed: int = 0
     """Seeds the response lengths (the same draws in every mode)."""
 

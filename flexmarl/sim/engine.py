@@ -56,7 +56,8 @@ SPAN_KINDS = ("rollout", "train", "swap", "sync")
 def deal_slots(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
     """Replica slots as (worker, agent): slot i of every worker before slot i + 1, agents dealt in turn.
 
-    The runtime's rule (``Runtime``): every agent gets at least one slot.
+    The rule of ``flexmarl.orchestrator.runtime.deal_slots`` (a test checks they agree), repeated here because
+    that module imports torch and Dask, which the simulator does not need.
     """
     places = [w for _ in range(per_worker) for w in workers]
     while len(places) < len(agents):
@@ -314,6 +315,8 @@ class Simulation:
         self.layer_progress = 0
         self._stuck: dict[str, tuple[int, int]] = {}
         self.training_dirty = True  # something _dispatch_training reads changed
+        self._work: dict[str, tuple | None] = {}  # per agent: its last _training_work answer
+        self._work_stale: set[str] = set(self.agents)  # agents whose answer may have changed since
         self._refused: tuple | None = None  # (next step, versions) admits_step last said no to
         self._balanced: tuple | None = None  # (queues, slots, idle) the balancer last said no to, and when
         self._balanced_at = 0.0
@@ -384,6 +387,9 @@ class Simulation:
             self._price_at_start(worker, task)
             if task.kind == "generate" and task.data[4] is not None:  # streamed: each result when its sequence ends
                 items, ends = task.data[1], task.data[4]
+                interval = self.wl.stream_interval_s
+                if interval:  # results return in chunks, at most one per interval (and the last with the batch)
+                    ends = np.minimum(np.ceil(ends / interval) * interval, task.duration)
                 order = np.argsort(ends, kind="stable")
                 at = ends[order]
                 cut = np.flatnonzero(np.diff(at)) + 1  # one event per distinct end time
@@ -478,7 +484,7 @@ class Simulation:
     def _dispatch_generation(self) -> None:
         self._balance()
         for agent, waiting in self.waiting.items():
-            if not waiting or self._stuck.get(agent) == (self.changed[agent], self.layer_progress):
+            if not waiting or not self.idle[agent] or self._stuck.get(agent) == (self.changed[agent], self.layer_progress):
                 continue
             free = {f"{i}": r for i, r in enumerate(self.replicas[agent]) if not r.busy}
             # Shortcuts that change no decision: the requests a replica may take depend only on its version
@@ -536,7 +542,7 @@ class Simulation:
         while True:
             # decide() depends on the queues, slots and idle slots, and on the clock only through the cooldowns
             # of past moves: with the same inputs and no cooldown ended since it last said no, it says no again
-            key = (tuple(len(w) for w in self.waiting.values()), tuple(len(r) for r in self.replicas.values()),
+            key = (tuple(map(len, self.waiting.values())), tuple(map(len, self.replicas.values())),
                    tuple(self.idle.values()))
             if key == self._balanced and not self._cooldown_ended_since(self._balanced_at):
                 return
@@ -546,8 +552,10 @@ class Simulation:
             if move is None:
                 self._balanced, self._balanced_at = key, self.now
                 return
+            # the runtime's choice: where the target holds the fewest slots, then the least loaded worker
+            held = [r.worker for r in self.replicas[move.target]]
             rep = min((r for r in self.replicas[move.source] if not r.busy),
-                      key=lambda r: (self.outstanding_tokens[r.worker], r.worker))
+                      key=lambda r: (held.count(r.worker), self.outstanding_tokens[r.worker], r.worker))
             self.replicas[move.source].remove(rep)
             rep.agent = move.target
             self.replicas[move.target].append(rep)
@@ -652,11 +660,12 @@ class Simulation:
             self._committed(mb)
 
     def _committed(self, mb: MicroBatch) -> None:
-        self.training_dirty = True
+        self._touch(mb.agent)
         mb.committed = True
         mb.committed_at = self.now
         if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
             self.complete[mb.agent].add(mb.step)
+            self._touch(*self.agents)  # may_train may read every agent's complete steps (sync mode does)
 
     # ------------------------------------------------------------------ training
 
@@ -668,7 +677,10 @@ class Simulation:
         if not self.training_dirty:
             return
         self.training_dirty = False
-        work = {a: w for a in self.agents if (w := self._training_work(a))}
+        for agent in self._work_stale:  # an agent's work changes only with its own state (or any complete step)
+            self._work[agent] = self._training_work(agent)
+        self._work_stale.clear()
+        work = {a: w for a in self.agents if (w := self._work[a])}
         for agent, (_, mb) in sorted(work.items()):
             bound = self.bound.get(agent)
             if bound is not None:
@@ -686,6 +698,10 @@ class Simulation:
             else:
                 self._move_state(agent, target)
 
+    def _touch(self, *agents: str) -> None:
+        self.training_dirty = True
+        self._work_stale.update(agents)
+
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         step = self.versions[agent]
         if self.blocked[agent] or (agent, step) not in self.micro:
@@ -701,7 +717,7 @@ class Simulation:
         return None
 
     def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
-        self.training_dirty = True
+        self._touch(agent)
         model = self.preset.model_of(agent)
         devices = self.worker[worker].devices
         if mb is not None:
@@ -715,22 +731,22 @@ class Simulation:
 
     def _move_state(self, agent: str, target: str) -> None:
         """Park the agent's state on its old slot, then resume it on ``target`` (two swap spans)."""
-        self.training_dirty = True
+        self._touch(agent)
         self.blocked[agent] = True
         self._submit(self.worker[self.location[agent]], Task("park", agent, (target,)))
 
     def _on_moved(self, agent: str, target: str) -> None:
-        self.training_dirty = True
+        self._touch(agent)
         self.location[agent] = target
         self.blocked[agent] = False
 
     def _on_trained(self, mb: MicroBatch) -> None:
-        self.training_dirty = True
+        self._touch(mb.agent)
         mb.trained = True
         self.queued[mb.agent] -= 1
 
     def _on_step_finished(self, agent: str, step: int) -> None:
-        self.training_dirty = True
+        self._touch(agent)
         self.bound[agent] = None
         batches = self.micro.pop((agent, step))
         del self.micro_of_query[(agent, step)]
@@ -743,12 +759,12 @@ class Simulation:
             self._submit(self.worker[worker], Task("sync", agent, (step + 1,), sync_s))
 
     def _on_synced(self, agent: str, worker: str, version: int) -> None:
-        self.training_dirty = True
         self.changed[agent] += 1
         self.engine_version[(agent, worker)] = version
         self.pending_syncs[agent] -= 1
         if self.pending_syncs[agent] == 0:
             self.blocked[agent] = False
+            self._touch(agent)
 
 
 def simulate(preset: SimPreset, mode: str, *, steps: int | None = None,

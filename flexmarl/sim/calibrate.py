@@ -127,7 +127,9 @@ def _finish_after(trainer, batch, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def measure_lengths(model: str, max_new_tokens: int, *, n: int = 64, prompt_tokens: int = 48, seed: int = 0) -> list[int]:
+def measure_lengths(
+    model: str, max_new_tokens: int, *, n: int = 64, prompt_tokens: int = 48, seed: int = 0
+) -> list[int]:
     """Response lengths ``model`` samples (temperature 1) with this generation limit: the empirical distribution."""
     import torch
 
@@ -167,7 +169,9 @@ def prompt_tokens_of(workload: str = "fan_out") -> dict[str, int]:
     return out
 
 
-def calibrated_preset(workload: str = "fan_out", *, steps: int = 3, log: Callable[[str], None] = lambda _: None) -> dict:
+def calibrated_preset(
+    workload: str = "fan_out", *, steps: int = 3, log: Callable[[str], None] = lambda _: None
+) -> dict:
     """A simulator preset (as a dict) of ``flexmarl bench pipeline --workload <workload>`` on this machine."""
     from flexmarl.config import load_config
 

@@ -229,8 +229,8 @@ class Simulation:
         rollout_names = []
         lanes = wl.slots_per_worker if wl.batching == "continuous" else 1
         for i in range(layout.workers):
-            w = Worker(f"rollout-{i:04d}", layout.devices_per_worker, "both" if layout.colocated else "rollout",
-                       lanes)
+            w = Worker(f"{'worker' if layout.colocated else 'rollout'}-{i:04d}", layout.devices_per_worker,
+                       "both" if layout.colocated else "rollout", lanes)
             self.workers.append(w)
             rollout_names.append(w.name)
         if layout.colocated:
@@ -304,7 +304,6 @@ class Simulation:
         self.queued = {a: 0 for a in self.agents}
         self.blocked = {a: False for a in self.agents}
         self.pending_syncs = {a: 0 for a in self.agents}
-        self.inflight = 0
         self.updates: list[UpdateRecord] = []
         self.tokens = 0
         self.n_events = 0
@@ -375,7 +374,6 @@ class Simulation:
     def _submit(self, worker: Worker, task: Task) -> None:
         self.seq += 1
         heapq.heappush(worker.queue, (-TASK_PRIORITY.get(task.kind, 0), self.seq, task))
-        self.inflight += 1
         self._start_next(worker)
 
     def _start_next(self, worker: Worker) -> None:
@@ -389,12 +387,12 @@ class Simulation:
                 items, ends = task.data[1], task.data[4]
                 interval = self.wl.stream_interval_s
                 if interval:  # results return in chunks, at most one per interval (and the last with the batch)
-                    ends = np.minimum(np.ceil(ends / interval) * interval, task.duration)
+                    ends = np.minimum(np.ceil(ends / interval) * interval, task.duration - task.swap_s)
                 order = np.argsort(ends, kind="stable")
-                at = ends[order]
-                cut = np.flatnonzero(np.diff(at)) + 1  # one event per distinct end time
+                cut = np.flatnonzero(np.diff(ends[order])) + 1  # one event per distinct end time
+                begin = self.now + task.swap_s + overhead
                 for group in np.split(order, cut):
-                    self._push(self.now + float(ends[group[0]]) + overhead, "part", (task, [items[i] for i in group]))
+                    self._push(begin + float(ends[group[0]]), "part", (task, [items[i] for i in group]))
             self._push(self.now + task.duration + overhead, "done", (worker, task))
 
     def _price_at_start(self, worker: Worker, task: Task) -> None:
@@ -403,11 +401,13 @@ class Simulation:
         bw = cluster.swap_gb_per_s
         if task.kind == "generate" and worker.role == "both" and worker.resident is not None:
             # colocated: rollout needs the devices' memory, so the resident training state goes to host first
-            task.duration += self._swap_s(worker.resident, bw)
+            task.swap_s = self._swap_s(worker.resident, bw)
+            task.duration += task.swap_s
             worker.resident = None
         elif task.kind in ("train", "finish"):
             if worker.resident != task.agent:
-                task.swap_s = self._swap_s(task.agent, bw) + (self._swap_s(worker.resident, bw) if worker.resident else 0.0)
+                previous = self._swap_s(worker.resident, bw) if worker.resident else 0.0
+                task.swap_s = self._swap_s(task.agent, bw) + previous
                 task.duration += task.swap_s
                 worker.resident = task.agent
         elif task.kind == "park":
@@ -424,7 +424,6 @@ class Simulation:
         return 0.0 if bw is None else self.preset.model_of(agent).state_gb / bw
 
     def _handle(self, task: Task, worker: Worker) -> None:
-        self.inflight -= 1
         kind = task.kind
         if kind == "generate":
             self._on_generated(*task.data)
@@ -484,7 +483,9 @@ class Simulation:
     def _dispatch_generation(self) -> None:
         self._balance()
         for agent, waiting in self.waiting.items():
-            if not waiting or not self.idle[agent] or self._stuck.get(agent) == (self.changed[agent], self.layer_progress):
+            if not waiting or not self.idle[agent]:
+                continue
+            if self._stuck.get(agent) == (self.changed[agent], self.layer_progress):
                 continue
             free = {f"{i}": r for i, r in enumerate(self.replicas[agent]) if not r.busy}
             # Shortcuts that change no decision: the requests a replica may take depend only on its version
@@ -492,7 +493,8 @@ class Simulation:
             nothing_for: set[int] = set()
             limit = self.wl.max_batch_size * max(1, self.subreplicas[agent])
             while free and waiting:
-                rep = free.pop(self.policy.pick_replica({k: self.outstanding_tokens[r.worker] for k, r in free.items()}))
+                tokens = {k: self.outstanding_tokens[r.worker] for k, r in free.items()}
+                rep = free.pop(self.policy.pick_replica(tokens))
                 version = self.engine_version[(agent, rep.worker)]
                 if version in nothing_for:
                     continue
@@ -607,7 +609,8 @@ class Simulation:
             share = lengths[order]
             n = len(share)
             # segment j (between the j-th and j+1-th shortest) decodes with n - j sequences left
-            ends[order] = float(prompts[idx].sum()) / prefill_rate + np.cumsum(np.diff(share, prepend=0) * table[n - 1::-1])
+            decode = np.cumsum(np.diff(share, prepend=0) * table[n - 1::-1])
+            ends[order] = float(prompts[idx].sum()) / prefill_rate + decode
         return float(ends.max()), int(lengths.sum()), ends
 
     def _on_generated(self, rep: Replica, items: list, estimate: int, generated: int, ends) -> None:

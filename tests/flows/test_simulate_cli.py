@@ -34,7 +34,8 @@ def test_simulate_a_preset_file(tmp_path) -> None:
     preset = tmp_path / "small.yaml"
     preset.write_text(SMALL)
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["simulate", "--preset", str(preset), "--out", str(out), "--modes", "sync,flexmarl"])
+    args = ["simulate", "--preset", str(preset), "--out", str(out), "--modes", "sync,flexmarl"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "sim.json").read_text())
     assert set(report["modes"]) == {"sync", "flexmarl"} and report["paper"] is None

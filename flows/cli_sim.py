@@ -20,9 +20,10 @@ def simulate(
     preset: Annotated[Optional[str], typer.Option(
         help="Simulator preset: paper-ma, paper-ca, scale-15x14b, scale-3x32b-7x14b, scale-5x32b, or a YAML file.",
     )] = None,
-    modes: Annotated[str, typer.Option(
-        help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1 (and sync-disagg).",
-    )] = "sync,flexmarl,no-lb,no-pipeline,stale1",
+    modes: Annotated[Optional[str], typer.Option(
+        help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1 (the default), sync-disagg; "
+             "a sweep's default is sync,flexmarl.",
+    )] = None,
     steps: Annotated[Optional[int], typer.Option(min=1, help="Steps per mode (default: the preset's).")] = None,
     sweep: Annotated[Optional[str], typer.Option(
         help="Sweep 'agents' (2 to 64) or 'devices' (64 to 8,192) from scale-15x14b instead of one preset.",
@@ -39,16 +40,15 @@ def simulate(
     from flexmarl.sim.costmodel import PresetError, load_preset
     from flexmarl.sim.experiments import run_preset, run_sweep
 
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    if sum(x is not None and x is not False for x in (preset, sweep, calibrate or None)) > 1:
+    default = "sync,flexmarl" if sweep is not None else "sync,flexmarl,no-lb,no-pipeline,stale1"
+    mode_list = [m.strip() for m in (modes or default).split(",") if m.strip()]
+    if [preset is not None, sweep is not None, calibrate].count(True) > 1:
         fail("give one of --preset, --sweep or --calibrate")
     try:
         if calibrate:
             _calibrate(out, mode_list, steps, bench)
         elif sweep is not None:
-            sweep_modes = modes if modes != "sync,flexmarl,no-lb,no-pipeline,stale1" else "sync,flexmarl"
-            report = run_sweep(sweep, modes=[m.strip() for m in sweep_modes.split(",") if m.strip()],
-                               steps=steps or 5, out_dir=out, log=console.print)
+            report = run_sweep(sweep, modes=mode_list, steps=steps or 5, out_dir=out, log=console.print)
             stem = out / f"sweep_{report['sweep']}"
             console.print(f"wrote {stem}.json and {stem}.png")
         elif preset is None:

@@ -112,7 +112,8 @@ class HFBackend:
         if problems:
             raise WeightSyncError(
                 f"weight update v{update.version} for agent {update.agent!r} does not match the replica's model "
-                f"({len(problems)} problems: {'; '.join(problems[:5])}); weights left at v{self.version}"
+                f"({len(problems)} problems: {'; '.join(problems[:5])}); weights left at v{self.version}. The "
+                "trainer and the replicas of an agent must load the same model directory"
             )
         with torch.no_grad():
             self.model.load_state_dict(update.state, strict=True)

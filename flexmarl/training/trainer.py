@@ -8,6 +8,7 @@ the rest of the batch is still being generated, and the update equals the full-b
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from accelerate import Accelerator
 from flexmarl.models.loading import load_model
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import batch_normaliser, policy_loss
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -204,15 +207,22 @@ class AgentTrainer:
         metrics.update({f"policy/{k}": v / self._micro for k, v in self._stats.items()})
         consumed, tokens = self._consumed, self._tokens
         del self._consumed
-        if not math.isfinite(metrics["loss/policy"]):
+        norms = [torch.linalg.vector_norm(p.grad) for p in self.model.parameters() if p.grad is not None]
+        grad_norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+        metrics["grad_norm"] = grad_norm
+        if not (math.isfinite(metrics["loss/policy"]) and math.isfinite(grad_norm)):
             # A NaN update must not touch the weights. The version still advances, so that versions keep
             # counting global batches: the batch is spent, and the skip is reported.
+            log.warning(
+                "agent %r: the update to v%d is skipped, weights untouched: loss %s, gradient norm %s are not "
+                "finite; lower training.lr, or check the rewards and advantages of this batch",
+                self.agent, self.version + 1, metrics["loss/policy"], grad_norm,
+            )
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
             return UpdateResult(self.agent, self.version, [], tokens, metrics, skipped=True)
         if self.config.max_grad_norm is not None:
-            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-            metrics["grad_norm"] = float(grad_norm)
+            self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1

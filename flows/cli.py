@@ -12,11 +12,13 @@ from rich.table import Table
 from flows.cli_bench import bench_app
 from flows.cli_output import console, fail
 from flows.cli_report import export_command, report_command
+from flows.cli_sim import simulate
 from flows.cli_store import store_app
 
 app = typer.Typer(help="FlexMARL: train teams of LLM agents with reinforcement learning.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
 app.add_typer(bench_app, name="bench")
+app.command()(simulate)
 
 
 @app.command()

@@ -23,7 +23,7 @@ from distributed import Client, Future, fire_and_forget
 from flexmarl.cluster.local import submit_on
 from flexmarl.cluster.worker_state import timed_call
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
+from flexmarl.orchestrator.policy import TASK_PRIORITY, SchedulePolicy, micro_batch_of
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
 from flexmarl.rollout.balancer import InterAgentBalancer, Move
@@ -33,11 +33,6 @@ from flexmarl.training import slot
 from flexmarl.workloads.datasets import TaskStream
 from storage.schema import SampleStatus
 from storage.store import ExperienceStore
-
-
-QUEUE_DEPTH = 2  # micro-batches of one agent queued on its slot at once
-# Dask task priorities; training tasks get 0. A prefetch only starts a background read, so it goes first.
-PRIORITY = {"generate": 10, "sync": 5, "park": 5, "prefetch": 20}
 
 
 @dataclass(frozen=True)
@@ -281,9 +276,8 @@ class PipelineRunner:
             raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}") from None
 
     def _submit(self, worker: str, fn: Callable, *args, what: tuple) -> Future:
-        # A worker runs one task at a time: generation goes first, since it gates the episodes (and so
-        # every agent's next batch); training and syncs fill the gaps.
-        priority = PRIORITY.get(what[0], 0)
+        # a worker runs one task at a time, the policy's priorities decide which goes first
+        priority = TASK_PRIORITY.get(what[0], 0)
         fut = submit_on(self.client, worker, timed_call, fn, *args, priority=priority)
         self.inflight[fut] = what
         fut.add_done_callback(self.finished.put)
@@ -335,12 +329,9 @@ class PipelineRunner:
         self.waiting[self.graph.agent_of[node]].append((ep.step, self.graph.sample_id(ep, node), ep, node))
 
     def _layer_open(self, step: int, node: str) -> bool:
-        """Layered (sync) rollout: every earlier layer of the step is done for every episode."""
-        if not self.policy.layered:
-            return True
         state = self.steps[step]
-        n = len(state.episodes)
-        return all(state.finished_nodes[k] == n * self.nodes_in_layer[k] for k in range(self.graph.layer[node]))
+        needed = {k: len(state.episodes) * n for k, n in self.nodes_in_layer.items()}
+        return self.policy.layer_open(self.graph.layer[node], state.finished_nodes, needed)
 
     def _dispatch_generation(self) -> None:
         self._balance()
@@ -391,11 +382,11 @@ class PipelineRunner:
             move = self.balancer.decide(now, queue_depth, slots, idle)
             if move is None:
                 return
-            # The target's engine is resident on every rollout worker: the slot switches at once. Take it where
-            # the target has the fewest slots already (a second slot on a worker only queues behind the first).
-            held = [r.worker for r in self.replicas[move.target]]
-            rep = min((r for r in self.replicas[move.source] if not r.busy),
-                      key=lambda r: (held.count(r.worker), self.outstanding_tokens[r.worker], r.worker))
+            # the target's engine is resident on every rollout worker: the slot switches at once
+            idle = [r for r in self.replicas[move.source] if not r.busy]
+            rep = idle[self.balancer.slot_to_move([r.worker for r in idle],
+                                                  [r.worker for r in self.replicas[move.target]],
+                                                  self.outstanding_tokens)]
             self.replicas[move.source].remove(rep)
             rep.agent = move.target
             self.replicas[move.target].append(rep)
@@ -493,11 +484,7 @@ class PipelineRunner:
             self._prefetch_states(waiting)
 
     def _slot_for(self, agent: str, free: list[str]) -> str:
-        prefetched_to = self.prefetched.get(agent, (None, None))[0]
-        for preferred in (prefetched_to, self.location[agent]):
-            if preferred in free:
-                return preferred
-        return free[0]
+        return self.policy.pick_slot(free, self.prefetched.get(agent, (None, None))[0], self.location[agent])
 
     def _slots_by_release(self) -> list[str]:
         """Bound slots, the one likely to free first first: its agent has the fewest micro-batches left."""
@@ -527,7 +514,7 @@ class PipelineRunner:
                 continue  # its state is already there
             uri, parked = self._park(agent)
             fut = submit_on(self.client, target, slot.prefetch, self.key(agent), uri,
-                            self.cfg.training.state_storage_options, parked, priority=PRIORITY["prefetch"])
+                            self.cfg.training.state_storage_options, parked, priority=TASK_PRIORITY["prefetch"])
             self.prefetched[agent] = (target, fut)
 
     def _park(self, agent: str) -> tuple[str, Future]:
@@ -552,7 +539,7 @@ class PipelineRunner:
 
     def _discard_prefetch(self, agent: str, worker: str) -> None:
         fire_and_forget(submit_on(self.client, worker, slot.discard_prefetch, self.key(agent),
-                                  priority=PRIORITY["prefetch"]))
+                                  priority=TASK_PRIORITY["prefetch"]))
 
     def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
         step = self.versions[agent]
@@ -584,7 +571,7 @@ class PipelineRunner:
 
     def _on_moved(self, agent: str, target: str, value: dict) -> None:
         fire_and_forget(submit_on(self.client, self.location[agent], slot.drop_trainer, self.key(agent),
-                                  priority=PRIORITY["prefetch"]))  # before any later resume of it there
+                                  priority=TASK_PRIORITY["prefetch"]))  # before any later resume of it there
         self.location[agent] = target
         self.blocked[agent] = False
         del self.parked[agent]
@@ -598,17 +585,18 @@ class PipelineRunner:
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
 
-        Up to ``QUEUE_DEPTH`` micro-batches of an agent wait on its slot, so the slot never idles while the
-        driver turns a finished one around (accumulation order does not matter: gradients sum in float64).
+        The policy decides (``training_due``); oldest ready data first.
         """
         step = self.versions[agent]  # the update to step + 1 consumes step's batch
         if self.blocked[agent] or (agent, step) not in self.micro:
             return None
         batches = self.micro[(agent, step)]
         ready = [m for m in batches if m.committed and not m.submitted]
-        if ready and self.queued[agent] < QUEUE_DEPTH and self.policy.may_train(agent, step, self.complete):
-            return ready[0].committed_at, ready[0]  # oldest ready data first
-        if step in self.complete[agent] and all(m.trained for m in batches):
+        due = self.policy.training_due(agent, step, self.complete, ready=bool(ready), queued=self.queued[agent],
+                                       all_trained=all(m.trained for m in batches))
+        if due == "micro":
+            return ready[0].committed_at, ready[0]
+        if due == "finish":
             return max(m.committed_at for m in batches), None
         return None
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 # A worker runs one task at a time, the highest priority first: generation gates the episodes (and so every
 # agent's next batch), so it goes first; weight syncs next; training, swaps and optimizer steps fill the gaps.
-TASK_PRIORITY = {"generate": 10, "sync": 5}
+# A prefetch only starts a background read, so it goes before everything.
+TASK_PRIORITY = {"generate": 10, "sync": 5, "park": 5, "prefetch": 20}
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,10 @@ class SchedulePolicy:
         return None
 
     @staticmethod
-    def pick_slot(location: str, free: Sequence[str]) -> str:
-        """The training slot an agent binds: the one holding its state when free, else the first free one."""
-        return location if location in free else free[0]
+    def pick_slot(free: Sequence[str], *preferred: str | None) -> str:
+        """The training slot an agent binds: the first of ``preferred`` that is free (where its state was read
+        ahead, where it lives), else the first free one."""
+        return next((p for p in preferred if p in free), free[0])
 
     @staticmethod
     def pick_requests(waiting: Sequence[tuple[int, str]], limit: int) -> list[int]:
@@ -109,3 +111,15 @@ def micro_batch_of(query_index: int, samples_per_query: int, micro_batch_size: i
     """Micro-batches are whole GRPO groups of consecutive queries: the same partition in every mode."""
     queries_per_micro = max(1, micro_batch_size // max(samples_per_query, 1))
     return query_index // queries_per_micro
+
+
+def deal_slots(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
+    """Replica slots as (worker, agent): slot i of every worker before slot i + 1, agents dealt in turn.
+
+    Every agent gets at least one slot, so a worker may hold more than ``per_worker`` when agents outnumber
+    the slots.
+    """
+    places = [w for _ in range(per_worker) for w in workers]
+    while len(places) < len(agents):
+        places += workers
+    return [(w, agents[i % len(agents)]) for i, w in enumerate(places)]

@@ -23,7 +23,7 @@ from flexmarl.cluster.worker_state import release
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
 from flexmarl.orchestrator.pipeline import PipelineResult, PipelineRunner, UpdateEvent
-from flexmarl.orchestrator.policy import SchedulePolicy
+from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
 from flexmarl.training import slot
 from flexmarl.workloads.datasets import TaskStream, load_tasks
@@ -114,18 +114,6 @@ def training_slots(slots: int | None, train_workers: list[str]) -> list[str]:
             "(null: one slot per training worker) or start more workers"
         )
     return train_workers[:slots]
-
-
-def deal_slots(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
-    """Replica slots as (worker, agent): slot i of every worker before slot i + 1, agents dealt in turn.
-
-    Every agent gets at least one slot, so a worker may hold more than ``per_worker`` when agents outnumber
-    the slots.
-    """
-    places = [w for _ in range(per_worker) for w in workers]
-    while len(places) < len(agents):
-        places += workers
-    return [(w, agents[i % len(agents)]) for i, w in enumerate(places)]
 
 
 def schedule_policy(cfg: RunConfig) -> SchedulePolicy:

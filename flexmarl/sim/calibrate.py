@@ -52,7 +52,7 @@ def measure_model(model: str, *, prompt_tokens: int = 48, new_tokens: int = 32, 
     from flexmarl.rollout.backend import GenerationRequest, WeightUpdate
     from flexmarl.rollout.hf_backend import HFBackend
     from flexmarl.training.config import TrainerConfig
-    from flexmarl.training.state import load_state, save_state
+    from flexmarl.training.state import TrainingState
     from flexmarl.training.trainer import AgentTrainer, TrainBatch
 
     torch.set_num_threads(1)
@@ -92,12 +92,15 @@ def measure_model(model: str, *, prompt_tokens: int = 48, new_tokens: int = 32, 
     weights_bytes = sum(t.numel() * t.element_size() for t in trainer.weights().values())
     sync_s = _timed(lambda: backend.update_weights(WeightUpdate("calibration", 1, trainer.weights())), repeats)
     with tempfile.TemporaryDirectory() as tmp:
-        state_bytes = save_state(trainer, Path(tmp))
-        park_s = _timed(lambda: save_state(trainer, Path(tmp)), repeats)
+        def park() -> int:  # slot.park: write the state to the state store
+            return TrainingState.of(trainer).to(tmp).stored_bytes
+
+        state_bytes = park()
+        park_s = _timed(park, repeats)
 
         def resume() -> None:  # slot.resume: build the trainer, then read its state
             fresh = AgentTrainer("calibration", model_dir, TrainerConfig(), temperature=1.0, max_new_tokens=new_tokens)
-            load_state(fresh, Path(tmp))
+            TrainingState.at("calibration", tmp).to("device", trainer=fresh)
 
         resume_s = _timed(resume, repeats)
     return {

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flexmarl.orchestrator.policy import TASK_PRIORITY, SchedulePolicy, micro_batch_of
+from flexmarl.orchestrator.policy import TASK_PRIORITY, SchedulePolicy, deal_slots, micro_batch_of
 from flexmarl.rollout.balancer import InterAgentBalancer, Move
 from flexmarl.sim.costmodel import Layout, SimPreset
 
@@ -51,18 +51,6 @@ MODES: dict[str, SimMode] = {
 }
 
 SPAN_KINDS = ("rollout", "train", "swap", "sync")
-
-
-def deal_slots(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
-    """Replica slots as (worker, agent): slot i of every worker before slot i + 1, agents dealt in turn.
-
-    The rule of ``flexmarl.orchestrator.runtime.deal_slots`` (a test checks they agree), repeated here because
-    that module imports torch and Dask, which the simulator does not need.
-    """
-    places = [w for _ in range(per_worker) for w in workers]
-    while len(places) < len(agents):
-        places += workers
-    return [(w, agents[i % len(agents)]) for i, w in enumerate(places)]
 
 
 @dataclass
@@ -554,10 +542,10 @@ class Simulation:
             if move is None:
                 self._balanced, self._balanced_at = key, self.now
                 return
-            # the runtime's choice: where the target holds the fewest slots, then the least loaded worker
-            held = [r.worker for r in self.replicas[move.target]]
-            rep = min((r for r in self.replicas[move.source] if not r.busy),
-                      key=lambda r: (held.count(r.worker), self.outstanding_tokens[r.worker], r.worker))
+            idle = [r for r in self.replicas[move.source] if not r.busy]
+            rep = idle[self.balancer.slot_to_move([r.worker for r in idle],
+                                                  [r.worker for r in self.replicas[move.target]],
+                                                  self.outstanding_tokens)]
             self.replicas[move.source].remove(rep)
             rep.agent = move.target
             self.replicas[move.target].append(rep)
@@ -693,7 +681,7 @@ class Simulation:
         while free and waiting:
             agent = self.policy.pick_agent({a: w[0] for a, w in waiting.items()})
             _, mb = waiting.pop(agent)
-            target = self.policy.pick_slot(self.location[agent], free)
+            target = self.policy.pick_slot(free, self.location[agent])
             free.remove(target)
             self.bound[agent] = target
             if target == self.location[agent]:

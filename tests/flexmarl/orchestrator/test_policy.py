@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
+from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots, micro_batch_of
 
 
 def policy(mode: str = "flexmarl", *, pipeline: bool = True, k: int = 0) -> SchedulePolicy:
@@ -72,6 +72,14 @@ def test_training_due_micro_batches_up_to_the_queue_depth_then_the_optimizer_ste
     assert p.training_due("a", 0, done, ready=False, queued=1, all_trained=False) is None
 
 
-def test_a_training_slot_is_the_one_holding_the_state_when_free() -> None:
-    assert SchedulePolicy.pick_slot("w2", ["w1", "w2"]) == "w2"
-    assert SchedulePolicy.pick_slot("w3", ["w1", "w2"]) == "w1"
+def test_a_training_slot_is_the_first_preferred_one_that_is_free() -> None:
+    assert SchedulePolicy.pick_slot(["w1", "w2"], "w2") == "w2"
+    assert SchedulePolicy.pick_slot(["w1", "w2"], "w3") == "w1"
+    assert SchedulePolicy.pick_slot(["w1", "w2", "w3"], None, "w3") == "w3"  # nothing read ahead: its home
+    assert SchedulePolicy.pick_slot(["w1", "w2", "w3"], "w2", "w3") == "w2"  # read ahead beats home
+
+
+def test_replica_slots_are_dealt_round_robin_and_every_agent_gets_one() -> None:
+    assert deal_slots(["p", "s", "a"], ["w0", "w1"], 2) == [("w0", "p"), ("w1", "s"), ("w0", "a"), ("w1", "p")]
+    dealt = deal_slots([f"a{i}" for i in range(5)], ["w0", "w1"], 1)
+    assert sorted(a for _, a in dealt) == sorted([f"a{i}" for i in range(5)] + ["a0"])

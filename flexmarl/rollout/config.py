@@ -32,8 +32,8 @@ class VLLMSettings(Strict):
     """Memory for the KV cache in GiB (host memory on CPU, device memory on a GPU); null lets vLLM size it (on a
     GPU, 92% of the device, which leaves nothing for a trainer on the same GPU)."""
     enforce_eager: bool = True
-    """Skip torch.compile and CUDA graphs: the engine starts faster and a weight update needs no recompile.
-    False is faster on a GPU once started."""
+    """Skip torch.compile and CUDA graphs, so the engine starts sooner; false compiles them (slower start,
+    faster decoding on a GPU)."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prompt prefixes (a GRPO group shares its prompt); the cache is flushed on
     every weight update."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.models.loading import ModelError, load_tokenizer, resolve_model
 from flexmarl.rollout.backend import GenerationRequest
 from flexmarl.rollout.config import VLLMSettings, vllm_installed
 from flexmarl.rollout.hf_backend import HFBackend
@@ -132,7 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    result = backend_throughput(args.backend, args.model, args.batch, args.new_tokens, repeats=args.repeats)
+    try:
+        result = backend_throughput(args.backend, args.model, args.batch, args.new_tokens, repeats=args.repeats)
+    except ModelError as exc:  # a model this backend cannot run here, e.g. a head size vLLM's CPU attention lacks
+        result = {"unavailable": str(exc)}
     sys.stdout.flush()
     print(json.dumps(result), flush=True)
 

@@ -94,6 +94,16 @@ class VLLMBackend:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Settings travel (to a Dask worker, say); an engine does not.
+        if self._llm is not None:
+            raise TypeError(f"a started vLLM replica of {self.model_dir} cannot be pickled: pickle it before start()")
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _engine(self) -> Any:
         if self._llm is None:
             raise RuntimeError(f"vLLM replica of {self.model_dir} is not started: call start() or use `with`")
@@ -104,6 +114,8 @@ class VLLMBackend:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         from vllm import SamplingParams
 
+        if not requests:
+            return []
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         params = [
             SamplingParams(

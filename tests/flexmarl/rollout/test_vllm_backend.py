@@ -7,6 +7,8 @@ One engine is shared by the module: each start costs about a minute on CPU.
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -131,6 +133,15 @@ def test_a_replica_on_a_default_dask_worker_serves_the_model(engine, model_dirs)
         assert version == 1
         [after] = client.submit(replica.generate, "run/a", [request], pure=False).result()
         assert after.policy_version == 1 and after.response_ids != expected
+
+
+@pytest.mark.vllm
+def test_a_backend_pickles_its_settings_before_start_and_refuses_after(engine, model_dirs) -> None:
+    backend = VLLMBackend(model_dirs[1], version=3, settings=SETTINGS)
+    copy = pickle.loads(pickle.dumps(backend))
+    assert (copy.model_dir, copy.version, copy.settings) == (model_dirs[1], 3, SETTINGS)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(engine)
 
 
 @pytest.mark.vllm

@@ -91,7 +91,9 @@ class VLLMBackend:
     def __enter__(self) -> VLLMBackend:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:

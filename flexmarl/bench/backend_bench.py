@@ -1,7 +1,7 @@
 """Rollout throughput of the generation backends: tokens per second at a fixed batch.
 
 vLLM usually lives in its own environment (``.venv-vllm``, ``make setup-vllm``), since it pins other
-versions of torch and transformers. So ``rollout_bench`` measures the hf backend in this process and, when
+versions of torch and transformers. So ``compare_backends`` measures the hf backend in this process and, when
 this Python lacks vllm, runs this module with ``.venv-vllm/bin/python`` and reads its JSON:
 
     python -m flexmarl.bench.backend_bench --backend vllm --model tiny-large     # prints one JSON object
@@ -110,7 +110,7 @@ def vllm_in_subprocess(
     return {"unavailable": f"the vllm benchmark printed no result: {done.stdout.strip()[-500:]}"}
 
 
-def rollout_bench(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_python: Path = VLLM_PYTHON) -> dict:
+def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_python: Path = VLLM_PYTHON) -> dict:
     """``{"model", "batch", "new_tokens", "backends": {"hf": {"tokens_per_s"...}, "vllm": {...} or
     {"unavailable": reason}}}``."""
     hf = backend_throughput("hf", model, batch, new_tokens)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.compute as pc
-from distributed import Client, Future
+from distributed import Client, Future, fire_and_forget
 
 from flexmarl.cluster.local import submit_on
 from flexmarl.cluster.worker_state import timed_call
@@ -26,6 +26,7 @@ from flexmarl.config import RunConfig
 from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
+from flexmarl.rollout.balancer import InterAgentBalancer, Move
 from flexmarl.rollout.episodes import Episode, EpisodeGraph, request_seed
 from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score
 from flexmarl.training import slot
@@ -35,7 +36,8 @@ from storage.store import ExperienceStore
 
 
 QUEUE_DEPTH = 2  # micro-batches of one agent queued on its slot at once
-PRIORITY = {"generate": 10, "sync": 5}  # Dask task priorities; training tasks get 0
+# Dask task priorities; training tasks get 0. A prefetch only starts a background read, so it goes first.
+PRIORITY = {"generate": 10, "sync": 5, "park": 5, "prefetch": 20}
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,11 @@ class Span:
     """A stretch of work on one worker, for the timeline picture and utilisation."""
 
     worker: str
-    kind: str  # "rollout", "train", "swap" (a state onto a slot's device) or "sync"
+    kind: str  # "rollout", "train", "swap" (a training state moving) or "sync"
     agent: str
     start: float
     end: float
+    background: bool = False  # off the worker's task thread (a prefetch read): overlaps its tasks, not busy time
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,17 @@ class UpdateEvent:
     queue_depth: int = 0  # the agent's requests waiting for a replica when the update finished
 
 
+@dataclass(frozen=True)
+class StateMove:
+    """An agent's training state resumed on another slot."""
+
+    agent: str
+    worker: str  # the slot it moved to
+    load_s: float  # bringing the state into the new trainer, on the agent's critical path
+    prefetched: bool  # the state was already in the slot's host memory (read while the slot trained)
+    prefetch_s: float = 0.0  # the background read, when prefetched
+
+
 @dataclass
 class PipelineResult:
     start: float  # wall-clock time the pipeline started
@@ -74,20 +88,23 @@ class PipelineResult:
     tokens: int  # response tokens generated
     store_write_s: float = 0.0  # the driver's time in store commits (samples, episodes, updates)
     store_read_s: float = 0.0  # the trainers' time reading their micro-batches from the store
+    moves: list[Move] = field(default_factory=list)  # replica slots the inter-agent balancer moved
+    queue_trace: list[tuple[float, str, int]] = field(default_factory=list)  # (s since start, agent, waiting)
+    state_moves: list[StateMove] = field(default_factory=list)  # training states resumed on another slot
 
     def utilization(self) -> float:
         """Busy worker-seconds over total worker-seconds."""
-        busy = sum(s.end - s.start for s in self.spans)
+        busy = sum(s.end - s.start for s in self.spans if not s.background)
         return busy / (len(self.workers) * self.wall_s) if self.wall_s > 0 else 0.0
 
 
 @dataclass
 class Replica:
+    """A rollout replica slot: one generation batch at a time on ``worker``, for ``agent`` (slots move)."""
+
     agent: str
     worker: str
-    version: int
     busy: bool = False
-    outstanding_tokens: int = 0
 
 
 @dataclass
@@ -127,14 +144,17 @@ class PipelineRunner:
         store: the run's experience store (this runner is the only writer of its sample tables).
         run_key: prefix of the engines' registry keys on the workers.
         tokenizers: per agent, for prompts and decoding on the driver.
-        replicas: per agent, the workers holding a replica.
+        engines: per agent, the workers holding its rollout engine (each gets the agent's weight syncs).
+        rollout_slots: the replica slots, as (worker, agent it serves first); the worker must hold an engine
+            of every agent a slot may move to (all of them, when ``rollout.load_balance`` is on).
         trainers: per agent, the worker holding its trainer at the start.
         slots: the training workers; agents bind them on demand.
         model_dirs: per agent, its model directory (to rebuild a trainer on another slot).
-        state_dir: where training states are written when they move between workers.
+        state_uri: a directory or fsspec URI where training states are parked when they move between workers.
         versions: per agent, the starting policy version.
         tasks: the task stream.
         on_update: called in the loop's thread after each agent update is recorded.
+        train: False samples and commits the steps' episodes without training (the rollout benchmark).
     """
 
     def __init__(
@@ -146,24 +166,40 @@ class PipelineRunner:
         store: ExperienceStore,
         run_key: str,
         tokenizers: dict,
-        replicas: dict[str, list[str]],
+        engines: dict[str, list[str]],
+        rollout_slots: list[tuple[str, str]],
         trainers: dict[str, str],
         slots: list[str],
         model_dirs: dict[str, str],
-        state_dir: str | Path,
+        state_uri: str | Path,
         versions: dict[str, int],
         tasks: TaskStream,
         on_update: Callable[[UpdateEvent], None] | None = None,
+        train: bool = True,
     ) -> None:
         self.client, self.cfg, self.policy, self.store = client, cfg, policy, store
         self.run_key, self.tokenizers, self.tasks, self.on_update = run_key, tokenizers, tasks, on_update
+        self.train = train
         self.slots = sorted(set(slots))
-        self.location = dict(trainers)  # where each agent's training state lives now
+        self.location = dict(trainers)  # the worker holding each agent's trainer and state
         self.bound: dict[str, str | None] = {}  # agent -> the slot it holds for its current step
         self.model_dirs = model_dirs
-        self.state_dir = Path(state_dir)
+        self.state_uri = str(state_uri).rstrip("/")
+        self.parked: dict[str, tuple[str, Future]] = {}  # agent -> where a copy of its state is, and the park task
+        self.prefetched: dict[str, tuple[str, Future]] = {}  # agent -> the slot reading its state ahead, the task
+        self.state_moves: list[StateMove] = []
         self.versions = dict(versions)  # trainer versions
-        self.replicas = {a: [Replica(a, w, versions[a]) for w in ws] for a, ws in replicas.items()}
+        self.engines = {a: list(ws) for a, ws in engines.items()}
+        self.engine_version = {(a, w): versions[a] for a, ws in engines.items() for w in ws}
+        self.replicas: dict[str, list[Replica]] = {a: [] for a in cfg.agents}
+        for worker, agent in rollout_slots:
+            self.replicas[agent].append(Replica(agent, worker))
+        self.outstanding_tokens: dict[str, int] = defaultdict(int)  # per worker: tokens of batches sent to it
+        self.balancer = InterAgentBalancer(
+            cfg.rollout.balance_threshold, cfg.rollout.balance_cooldown_s,
+            min_slots=1 if len(rollout_slots) >= len(cfg.agents) else 0,
+        ) if cfg.rollout.load_balance else None
+        self.queue_trace: list[tuple[float, str, int]] = []
         self.graph = EpisodeGraph(cfg, tokenizers)
         self.trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
         self.nodes_in_layer: dict[int, int] = defaultdict(int)
@@ -209,7 +245,7 @@ class PipelineRunner:
             self._dispatch_generation()
             self._dispatch_training()
             if not self.inflight:
-                if all(v >= target for v in self.versions.values()):
+                if all(v >= target for v in self.versions.values()) or (not self.train and not self.steps):
                     break
                 raise RuntimeError(f"pipeline stalled with nothing in flight (versions {self.versions})")
             fut = self._next_finished()
@@ -217,7 +253,8 @@ class PipelineRunner:
             self._handle(fut, self.inflight.pop(fut))
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens,
-                              self.store_write_s, self.store_read_s)
+                              self.store_write_s, self.store_read_s,
+                              self.balancer.moves if self.balancer else [], self.queue_trace, self.state_moves)
 
     @contextmanager
     def _timing_store(self) -> Iterator[None]:
@@ -235,9 +272,9 @@ class PipelineRunner:
         except queue.Empty:
             late = [f for f, d in self.sync_deadlines.items() if d <= time.time()]
             if late:
-                _, agent, rep, version = self.inflight[late[0]]
+                _, agent, worker, version = self.inflight[late[0]]
                 raise WeightSyncError(
-                    f"weight sync of agent {agent!r} to v{version} on replica {rep.worker} did not finish within "
+                    f"weight sync of agent {agent!r} to v{version} on replica {worker} did not finish within "
                     f"{self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)"
                 ) from None
             what = sorted({f"{w[0]} {w[1]}" for w in self.inflight.values()})
@@ -262,7 +299,7 @@ class PipelineRunner:
         span_kind = {"generate": "rollout", "sync": "sync", "park": "swap", "move": "swap"}.get(kind, "train")
         self.spans.append(Span(worker, span_kind, what[1], start + swap_s, end))
         if kind == "generate":
-            self._on_generated(what[2], what[3], value)
+            self._on_generated(what[2], what[3], what[4], value)
         elif kind == "train":
             self._on_trained(what[2], what[3])
         elif kind == "finish":
@@ -270,7 +307,7 @@ class PipelineRunner:
         elif kind == "sync":
             self._on_synced(what[1], what[2], what[3], value)
         elif kind == "move":
-            self._on_moved(what[1], what[2])
+            self._on_moved(what[1], what[2], value)
 
     # ------------------------------------------------------------------ rollout
 
@@ -306,15 +343,18 @@ class PipelineRunner:
         return all(state.finished_nodes[k] == n * self.nodes_in_layer[k] for k in range(self.graph.layer[node]))
 
     def _dispatch_generation(self) -> None:
+        self._balance()
         for agent, waiting in self.waiting.items():
             if not waiting:
                 continue
             free = {f"{i}": r for i, r in enumerate(self.replicas[agent]) if not r.busy}
             while free and waiting:
-                rep = free.pop(self.policy.pick_replica({k: r.outstanding_tokens for k, r in free.items()}))
+                # intra-agent balancing: the free slot whose worker has the fewest tokens outstanding
+                rep = free.pop(self.policy.pick_replica({k: self.outstanding_tokens[r.worker] for k, r in free.items()}))
+                version = self.engine_version[(agent, rep.worker)]
                 eligible = [
                     i for i, (step, _, _, node) in enumerate(waiting)
-                    if self.policy.may_generate(agent, step, rep.version) and self._layer_open(step, node)
+                    if self.policy.may_generate(agent, step, version) and self._layer_open(step, node)
                 ]
                 chosen = self.policy.pick_requests([waiting[i][:2] for i in eligible], self.cfg.rollout.max_batch_size)
                 if not chosen:
@@ -329,14 +369,40 @@ class PipelineRunner:
                     for _, sid, ep, node in items
                 ]
                 rep.busy = True
-                rep.outstanding_tokens += len(requests) * sampling.max_new_tokens
+                self.outstanding_tokens[rep.worker] += len(requests) * sampling.max_new_tokens
                 self._submit(rep.worker, replica_fns.generate, self.key(agent), requests,
                              what=("generate", agent, rep, [(ep, node, r.prompt_ids) for (_, _, ep, node), r
-                                                             in zip(items, requests, strict=True)]))
+                                                             in zip(items, requests, strict=True)],
+                                   len(requests) * sampling.max_new_tokens))
 
-    def _on_generated(self, rep: Replica, batch: list, results: list) -> None:
+    def _balance(self) -> None:
+        """Record each agent's queue; inter-agent balancing moves idle replica slots to the longest queues."""
+        now = time.time() - self.t0
+        for agent, waiting in self.waiting.items():
+            last = next((d for _, a, d in reversed(self.queue_trace) if a == agent), None)
+            if last != len(waiting):
+                self.queue_trace.append((now, agent, len(waiting)))
+        if self.balancer is None:
+            return
+        while True:
+            queue_depth = {a: len(w) for a, w in self.waiting.items()}
+            slots = {a: len(r) for a, r in self.replicas.items()}
+            idle = {a: sum(not x.busy for x in r) for a, r in self.replicas.items()}
+            move = self.balancer.decide(now, queue_depth, slots, idle)
+            if move is None:
+                return
+            # The target's engine is resident on every rollout worker: the slot switches at once. Take it where
+            # the target has the fewest slots already (a second slot on a worker only queues behind the first).
+            held = [r.worker for r in self.replicas[move.target]]
+            rep = min((r for r in self.replicas[move.source] if not r.busy),
+                      key=lambda r: (held.count(r.worker), self.outstanding_tokens[r.worker], r.worker))
+            self.replicas[move.source].remove(rep)
+            rep.agent = move.target
+            self.replicas[move.target].append(rep)
+
+    def _on_generated(self, rep: Replica, batch: list, tokens: int, results: list) -> None:
         rep.busy = False
-        rep.outstanding_tokens = 0
+        self.outstanding_tokens[rep.worker] -= tokens
         for (ep, node, prompt_ids), result in zip(batch, results, strict=True):
             self.tokens += len(result.response_ids)
             state = self.steps[ep.step]
@@ -399,9 +465,12 @@ class PipelineRunner:
         """Agent-centric slots: an agent with training work binds a free slot and keeps it for its step.
 
         A bound agent's next micro-batch runs on its slot. Unbound agents with work take the free slots,
-        the one whose ready work waited longest first, preferring the slot that already holds its state;
-        elsewhere its state moves there first (written by one worker, read by the other).
+        the one whose ready work waited longest first, preferring the slot its state was prefetched to, then
+        the slot that holds its state; elsewhere its state moves there first (parked by one worker, resumed
+        by the other). Agents still waiting get their states prefetched to the slots likely to free next.
         """
+        if not self.train:
+            return
         work = {a: w for a in self.cfg.agents if (w := self._training_work(a))}
         for agent, (_, mb) in sorted(work.items()):
             bound = self.bound.get(agent)
@@ -412,13 +481,78 @@ class PipelineRunner:
         while free and waiting:
             agent = self.policy.pick_agent({a: w[0] for a, w in waiting.items()})
             _, mb = waiting.pop(agent)
-            target = self.location[agent] if self.location[agent] in free else free[0]
+            target = self._slot_for(agent, free)
             free.remove(target)
             self.bound[agent] = target
             if target == self.location[agent]:
+                self._stay(agent)
                 self._run_training(agent, target, mb)
             else:
                 self._move_state(agent, target)
+        if waiting:
+            self._prefetch_states(waiting)
+
+    def _slot_for(self, agent: str, free: list[str]) -> str:
+        prefetched_to = self.prefetched.get(agent, (None, None))[0]
+        for preferred in (prefetched_to, self.location[agent]):
+            if preferred in free:
+                return preferred
+        return free[0]
+
+    def _slots_by_release(self) -> list[str]:
+        """Bound slots, the one likely to free first first: its agent has the fewest micro-batches left."""
+        left = {}
+        for agent, worker in self.bound.items():
+            if worker is not None:
+                left[worker] = sum(not m.trained for m in self.micro.get((agent, self.versions[agent]), []))
+        return sorted(left, key=lambda w: (left[w], w))
+
+    def _prefetch_states(self, waiting: dict[str, tuple[float, MicroBatch | None]]) -> None:
+        """Every slot is bound: read the states of the agents that will bind next into the host memory of the
+        slots likely to free first (in the same order), while those slots train. The move then skips the read.
+        """
+        order, pending = [], {a: w[0] for a, w in waiting.items()}
+        while pending:
+            order.append(self.policy.pick_agent(pending))
+            del pending[order[-1]]
+        taken = {worker for worker, _ in self.prefetched.values()}
+        slots = [w for w in self._slots_by_release() if w not in taken]
+        for agent in order:
+            if agent in self.prefetched:
+                continue
+            if not slots:
+                break
+            target = slots.pop(0)
+            if target == self.location[agent]:
+                continue  # its state is already there
+            uri, parked = self._park(agent)
+            fut = submit_on(self.client, target, slot.prefetch, self.key(agent), uri,
+                            self.cfg.training.state_storage_options, parked, priority=PRIORITY["prefetch"])
+            self.prefetched[agent] = (target, fut)
+
+    def _park(self, agent: str) -> tuple[str, Future]:
+        """Write the agent's state from its worker to the state store, once; returns where, and the task.
+
+        Its trainer stays on that worker until the state is resumed elsewhere, so a wrong guess of the slot
+        that frees first costs only the write when the agent then binds its own slot again.
+        """
+        if agent not in self.parked:
+            uri = f"{self.state_uri}/{agent}"
+            fut = self._submit(self.location[agent], slot.park, self.key(agent), uri,
+                               self.cfg.training.state_storage_options, what=("park", agent))
+            self.parked[agent] = (uri, fut)
+        return self.parked[agent]
+
+    def _stay(self, agent: str) -> None:
+        """The agent binds the slot that holds its trainer: a parked copy or a read ahead is not needed."""
+        self.parked.pop(agent, None)  # it trains here next, so the copy goes stale (the next park replaces it)
+        prefetched = self.prefetched.pop(agent, None)
+        if prefetched is not None:
+            self._discard_prefetch(agent, prefetched[0])
+
+    def _discard_prefetch(self, agent: str, worker: str) -> None:
+        fire_and_forget(submit_on(self.client, worker, slot.discard_prefetch, self.key(agent),
+                                  priority=PRIORITY["prefetch"]))
 
     def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
         step = self.versions[agent]
@@ -432,19 +566,34 @@ class PipelineRunner:
             self._submit(worker, slot.finish_step, self.key(agent), what=("finish", agent, step, worker))
 
     def _move_state(self, agent: str, target: str) -> None:
-        """Park the agent's state on its old worker, resume it on ``target`` (two swap spans)."""
+        """Resume the agent's state on ``target``: parked by its old worker (unless it already is), read by
+        ``target`` (unless prefetched there); each leg is a swap span."""
         self.blocked[agent] = True
-        state_dir = str(self.state_dir / agent)
-        parked = self._submit(self.location[agent], slot.park, self.key(agent), state_dir,
-                              what=("park", agent))
+        uri, after = self._park(agent)
+        prefetched = self.prefetched.pop(agent, None)
+        if prefetched is not None:
+            where, fut = prefetched
+            if where == target:
+                after = fut  # resume after the prefetch started, so that it finds the read under way
+            else:  # the guess of the next free slot was wrong: free that slot's copy
+                self._discard_prefetch(agent, where)
         trainer_cfg, sampling = self.trainer_cfg[agent], self.cfg.agents[agent].sampling
         self._submit(target, slot.resume, self.key(agent), self.model_dirs[agent], trainer_cfg,
-                     sampling.temperature, sampling.max_new_tokens, state_dir, parked,
+                     sampling.temperature, sampling.max_new_tokens, uri, self.versions[agent], after,
                      what=("move", agent, target))
 
-    def _on_moved(self, agent: str, target: str) -> None:
+    def _on_moved(self, agent: str, target: str, value: dict) -> None:
+        fire_and_forget(submit_on(self.client, self.location[agent], slot.drop_trainer, self.key(agent),
+                                  priority=PRIORITY["prefetch"]))  # before any later resume of it there
         self.location[agent] = target
         self.blocked[agent] = False
+        del self.parked[agent]
+        prefetch_s = 0.0
+        if value["prefetch"] is not None:
+            start, end = value["prefetch"]
+            prefetch_s = end - start
+            self.spans.append(Span(target, "swap", agent, start, end, background=True))
+        self.state_moves.append(StateMove(agent, target, value["load_s"], value["prefetch"] is not None, prefetch_s))
 
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
@@ -489,18 +638,18 @@ class PipelineRunner:
         )
         self.updates.append(event)
         weights = submit_on(self.client, self.location[agent], slot.weights, self.key(agent))
-        for rep in self.replicas[agent]:
+        for worker in self.engines[agent]:
             self.pending_syncs[agent] += 1
-            fut = self._submit(rep.worker, replica_fns.load_weights, self.key(agent), result.policy_version,
-                               weights, what=("sync", agent, rep, result.policy_version))
+            fut = self._submit(worker, replica_fns.load_weights, self.key(agent), result.policy_version,
+                               weights, what=("sync", agent, worker, result.policy_version))
             self.sync_deadlines[fut] = time.time() + self.cfg.rollout.sync_timeout_s
         if self.on_update is not None:
             self.on_update(event)
 
-    def _on_synced(self, agent: str, rep: Replica, version: int, applied: int) -> None:
+    def _on_synced(self, agent: str, worker: str, version: int, applied: int) -> None:
         if applied != version:
-            raise WeightSyncError(f"replica {rep.worker} of agent {agent!r} reports v{applied} after a sync to v{version}")
-        rep.version = version
+            raise WeightSyncError(f"replica {worker} of agent {agent!r} reports v{applied} after a sync to v{version}")
+        self.engine_version[(agent, worker)] = version
         self.pending_syncs[agent] -= 1
         if self.pending_syncs[agent] == 0:
             self.blocked[agent] = False

@@ -7,7 +7,9 @@ saves checkpoints. It is used by the Prefect flow and by the benchmarks alike, s
 
 from __future__ import annotations
 
+import logging
 import queue
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +21,15 @@ from distributed import Client, TimeoutError as DaskTimeoutError
 from flexmarl.cluster.local import connect, place, submit_on, workers_offering
 from flexmarl.cluster.worker_state import release
 from flexmarl.config import RunConfig, dump_config, load_config
-from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
 from flexmarl.orchestrator.pipeline import PipelineResult, PipelineRunner, UpdateEvent
 from flexmarl.orchestrator.policy import SchedulePolicy
 from flexmarl.rollout import replica
 from flexmarl.training import slot
 from flexmarl.workloads.datasets import TaskStream, load_tasks
-from storage.store import ExperienceStore
+from storage.store import ExperienceStore, error_summary
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 
@@ -40,23 +44,88 @@ class RunContext:
     address: str  # Dask scheduler
 
 
+class RunSetupError(RuntimeError):
+    """The run directory or the store cannot be written; the message names the path and the fix."""
+
+
+def check_writable(path: Path, what: str, fix: str) -> None:
+    """Create ``path`` if needed and write (then remove) a probe file in it: refuse a run before it starts."""
+    probe = path / f".flexmarl-write-check-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise RunSetupError(f"cannot write {what} {path}: {exc.strerror or exc}; {fix}") from None
+
+
+def check_run_paths(cfg: RunConfig, run_dir: str | Path) -> str:
+    """Check that the run directory and a local store can be written; returns the store URI."""
+    run_path = Path(run_dir).resolve()
+    check_writable(run_path, "the run directory", "choose another --run-dir")
+    store_uri = cfg.store.uri or str(run_path / "store")
+    if "://" not in store_uri or store_uri.startswith("file://"):
+        check_writable(Path(store_uri.removeprefix("file://")).resolve(), "the store",
+                       "set store.uri to a writable directory (or leave it null: RUN_DIR/store)")
+    return store_uri
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """What config validation cannot see: each tokenizer fits its model, every line of a JSONL data file parses.
+
+    Builds or converts each model once (cached), before the workers load it.
+
+    Raises:
+        ModelError: a tokenizer larger than its model's embedding table (both files named).
+        DataError: a data line that does not parse (file and line named).
+    """
+    for agent in cfg.agents.values():
+        check_model_dir(resolve_model(agent.model, seed=cfg.train.seed))
+    if cfg.data.source() == "jsonl":
+        load_tasks(cfg.data)
+
+
 def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
     """Create the run directory and the store, and write the resolved config. Returns (run_id, store_uri).
 
-    Refuses, before anything runs, a run directory or store that cannot be written.
+    Refuses, before anything is written or started, a run directory or store that cannot be written, a
+    model whose tokenizer does not fit it, and a data file with a bad line.
     """
     run_path = Path(run_dir).resolve()
-    try:
-        run_path.mkdir(parents=True, exist_ok=True)
-        (run_path / CONFIG_FILE).write_text(dump_config(cfg))
-    except OSError as exc:
-        raise PermissionError(f"cannot write the run directory {run_path}: {exc.strerror}; choose another --run-dir") from None
-    store_uri = cfg.store.uri or str(run_path / "store")
+    store_uri = check_run_paths(cfg, run_path)
+    check_inputs(cfg)
+    (run_path / CONFIG_FILE).write_text(dump_config(cfg))
     store = ExperienceStore.from_config(store_uri, cfg.store)
-    store.create(cfg.agents)
-    for agent in cfg.agents.values():  # build or convert each model once, before the workers load it
-        resolve_model(agent.model, seed=cfg.train.seed)
+    try:
+        store.create(cfg.agents)
+    except Exception as exc:  # deltalake raises several types (object stores, permissions)
+        raise RunSetupError(
+            f"cannot create the store's tables under {store_uri}: {error_summary(exc)}; check store.uri and "
+            "store.storage_options"
+        ) from exc
     return f"{run_path.name}-{uuid.uuid4().hex[:8]}", store_uri
+
+
+def training_slots(slots: int | None, train_workers: list[str]) -> list[str]:
+    """The training workers that serve as slots: the first ``slots`` of them (all when None)."""
+    if slots is not None and slots > len(train_workers):
+        raise ValueError(
+            f"training.slots={slots} but only {len(train_workers)} training worker(s) exist; lower training.slots "
+            "(null: one slot per training worker) or start more workers"
+        )
+    return train_workers[:slots]
+
+
+def deal_slots(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
+    """Replica slots as (worker, agent): slot i of every worker before slot i + 1, agents dealt in turn.
+
+    Every agent gets at least one slot, so a worker may hold more than ``per_worker`` when agents outnumber
+    the slots.
+    """
+    places = [w for _ in range(per_worker) for w in workers]
+    while len(places) < len(agents):
+        places += workers
+    return [(w, agents[i % len(agents)]) for i, w in enumerate(places)]
 
 
 def schedule_policy(cfg: RunConfig) -> SchedulePolicy:
@@ -98,19 +167,17 @@ class Runtime:
         cluster = self.cfg.cluster
         rollout_workers = workers_offering(self.client, cluster.rollout_resource, "rollout")
         train_workers = workers_offering(self.client, cluster.train_resource, "training")
-        slots = self.cfg.training.slots
-        if slots is not None and slots > len(train_workers):
-            raise ValueError(f"training.slots={slots} but only {len(train_workers)} training workers exist")
         # Agents start on the training slots round-robin and bind a free slot whenever they have work (M <= N
-        # is fine; a slot swaps states on and off its device). With load balancing every rollout worker holds
-        # a replica of every agent; otherwise the agent has one replica, placed round-robin.
-        self.slots = train_workers[:slots]
+        # is fine; a slot swaps states on and off its device). Rollout replica slots are dealt round-robin
+        # too; with load balancing every rollout worker holds an engine of every agent so that slots can move.
+        self.slots = training_slots(self.cfg.training.slots, train_workers)
         self.trainers = place(list(self.cfg.agents), self.slots)
-        self.replicas = (
-            {a: list(rollout_workers) for a in self.cfg.agents}
-            if self.cfg.rollout.load_balance
-            else {a: [w] for a, w in place(list(self.cfg.agents), rollout_workers).items()}
-        )
+        self.rollout_slots = deal_slots(list(self.cfg.agents), rollout_workers, self.cfg.rollout.slots_per_worker)
+        self.engines = {
+            a: list(rollout_workers) if self.cfg.rollout.load_balance
+            else sorted({w for w, agent in self.rollout_slots if agent == a})
+            for a in self.cfg.agents
+        }
         self.versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
         self.tasks = TaskStream(load_tasks(self.cfg.data), seed=self.cfg.data.seed)
         self.timeout_s = self.cfg.rollout.request_timeout_s
@@ -120,17 +187,22 @@ class Runtime:
         return f"{self.ctx.run_id}/{agent}"
 
     def _wait(self, futures: list, what: str) -> list:
+        """The futures' results, all within one ``rollout.request_timeout_s`` from now."""
+        deadline = time.monotonic() + self.timeout_s
         try:
-            return [f.result(timeout=self.timeout_s) for f in futures]
+            return [f.result(timeout=max(deadline - time.monotonic(), 0.0)) for f in futures]
         except (TimeoutError, DaskTimeoutError):
-            raise TimeoutError(f"{what} did not finish within {self.timeout_s:.0f}s") from None
+            raise TimeoutError(
+                f"{what} did not finish within {self.timeout_s:.0f}s (rollout.request_timeout_s); check the Dask "
+                "workers' logs, or raise the timeout for large models"
+            ) from None
 
     def start_engines(self) -> dict[str, dict]:
         """Load every agent's replicas and trainer on their workers. Returns the placement."""
         futures = []
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
-            for worker in self.replicas[agent]:
+            for worker in self.engines[agent]:
                 futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
                                          version))
             futures.append(submit_on(
@@ -138,15 +210,20 @@ class Runtime:
                 self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens, version,
             ))
         self._wait(futures, "starting the engines")
-        return {a: {"trainer": self.trainers[a], "replicas": self.replicas[a]} for a in self.cfg.agents}
+        return {a: {"trainer": self.trainers[a], "engines": self.engines[a],
+                    "slots": [w for w, x in self.rollout_slots if x == a]} for a in self.cfg.agents}
 
-    def run(self) -> PipelineResult:
-        """Run every agent's updates under the configured schedule; each update is also put on ``events``."""
+    def run(self, *, train: bool = True) -> PipelineResult:
+        """Run every agent's updates under the configured schedule; each update is also put on ``events``.
+
+        ``train=False`` only samples (and commits) the steps' episodes: the rollout benchmark.
+        """
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
-            run_key=self.ctx.run_id, tokenizers=self.tokenizers, replicas=self.replicas, trainers=self.trainers,
-            slots=self.slots, model_dirs=self.model_dirs, state_dir=Path(self.ctx.run_dir) / "state",
-            versions=self.versions, tasks=self.tasks, on_update=self.events.put,
+            run_key=self.ctx.run_id, tokenizers=self.tokenizers, engines=self.engines,
+            rollout_slots=self.rollout_slots, trainers=self.trainers, slots=self.slots, model_dirs=self.model_dirs,
+            state_uri=self.cfg.training.state_uri or str(Path(self.ctx.run_dir) / "state"),
+            versions=self.versions, tasks=self.tasks, on_update=self.events.put, train=train,
         )
         try:
             result = runner.run()
@@ -168,9 +245,13 @@ class Runtime:
         return self._wait([fut], f"the checkpoint of agent {agent!r}")[0]
 
     def close(self) -> None:
-        """Free this run's engines on every worker, then disconnect."""
+        """Free this run's engines on every worker, then disconnect; bounded, and never masks a run's error."""
+        timeout = self.cfg.cluster.connect_timeout_s
         try:
-            self.client.run(release, f"replica:{self.ctx.run_id}/")
-            self.client.run(release, f"trainer:{self.ctx.run_id}/")
+            for kind in ("replica", "trainer", "prefetch"):  # prefetch: states read ahead but never resumed
+                prefix = f"{kind}:{self.ctx.run_id}/"
+                self.client.run(release, prefix, callback_timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
+            log.warning("could not free the engines of run %s within %.0fs: %s", self.ctx.run_id, timeout, exc)
         finally:
-            self.client.close()
+            self.client.close(timeout=timeout)

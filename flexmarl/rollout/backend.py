@@ -62,7 +62,8 @@ def check_update(update: WeightUpdate, reference: Mapping[str, torch.Tensor], cu
     if problems:
         raise WeightSyncError(
             f"weight update v{update.version} for agent {update.agent!r} does not match the replica's model "
-            f"({len(problems)} problems: {'; '.join(problems[:5])}); weights left at v{current_version}"
+            f"({len(problems)} problems: {'; '.join(problems[:5])}); weights left at v{current_version}. The "
+            "trainer and the replicas of an agent must load the same model directory"
         )
 
 

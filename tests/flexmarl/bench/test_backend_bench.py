@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.bench.backend_bench import backend_throughput, rollout_bench, vllm_in_subprocess
+from flexmarl.bench.backend_bench import backend_throughput, compare_backends, vllm_in_subprocess
 from flexmarl.rollout.config import vllm_installed
 
 
@@ -29,7 +29,7 @@ def test_an_unknown_backend_is_refused(model_cache) -> None:
 
 @pytest.mark.skipif(vllm_installed(), reason="checks the report where vllm is missing")
 def test_without_a_vllm_environment_vllm_is_reported_unavailable(model_cache, tmp_path: Path) -> None:
-    report = rollout_bench("tiny", batch=2, new_tokens=4, vllm_python=tmp_path / "missing" / "python")
+    report = compare_backends("tiny", batch=2, new_tokens=4, vllm_python=tmp_path / "missing" / "python")
     assert report["backends"]["hf"]["tokens_per_s"] > 0
     assert set(report["backends"]["vllm"]) == {"unavailable"}
     assert "make setup-vllm" in report["backends"]["vllm"]["unavailable"]

@@ -50,3 +50,28 @@ def test_micro_batches_are_whole_groups_of_consecutive_queries() -> None:
     assert [micro_batch_of(q, 4, 8) for q in range(5)] == [0, 0, 1, 1, 2]
     # a group larger than the micro-batch still stays whole
     assert [micro_batch_of(q, 12, 8) for q in range(3)] == [0, 1, 2]
+
+
+def test_layered_rollout_opens_a_layer_once_every_earlier_one_is_done() -> None:
+    needed = {0: 8, 1: 24, 2: 8}
+    assert policy("sync").layer_open(0, {}, needed)
+    assert not policy("sync").layer_open(1, {0: 7}, needed)
+    assert policy("sync").layer_open(1, {0: 8}, needed)
+    assert not policy("sync").layer_open(2, {0: 8, 1: 23}, needed)
+    assert policy().layer_open(2, {}, needed)  # flexmarl: a node starts when its own parents are done
+
+
+def test_training_due_micro_batches_up_to_the_queue_depth_then_the_optimizer_step() -> None:
+    complete = {"a": set(), "b": set()}
+    p = policy()
+    assert p.training_due("a", 0, complete, ready=True, queued=1, all_trained=False) == "micro"
+    assert p.training_due("a", 0, complete, ready=True, queued=2, all_trained=False) is None  # slot queue full
+    assert policy(pipeline=False).training_due("a", 0, complete, ready=True, queued=0, all_trained=False) is None
+    done = {"a": {0}, "b": set()}
+    assert p.training_due("a", 0, done, ready=False, queued=0, all_trained=True) == "finish"
+    assert p.training_due("a", 0, done, ready=False, queued=1, all_trained=False) is None
+
+
+def test_a_training_slot_is_the_one_holding_the_state_when_free() -> None:
+    assert SchedulePolicy.pick_slot("w2", ["w1", "w2"]) == "w2"
+    assert SchedulePolicy.pick_slot("w3", ["w1", "w2"]) == "w1"

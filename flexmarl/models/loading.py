@@ -144,6 +144,19 @@ def load_model(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTra
         raise ModelError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
 
 
+def state_reference(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The names, shapes and dtypes of the state dict ``load_model`` would give, as meta tensors (no weights).
+
+    What a weight update for this model must match, for backends that do not hold a transformers model.
+    """
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read a model config from {model_dir}: {exc}") from exc
+    with _LOAD_LOCK, torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).state_dict()
+
+
 def check_tokenizer_matches(model: PreTrainedModel, tok: PreTrainedTokenizerBase, model_dir: Path) -> None:
     """A tokenizer with ids beyond the model's embedding table would crash generation later."""
     vocab = model.get_input_embeddings().weight.shape[0]

@@ -9,23 +9,38 @@ from __future__ import annotations
 import torch
 
 from flexmarl.cluster.worker_state import engines, worker_address
-from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightSyncError, WeightUpdate
+from flexmarl.rollout.backend import (
+    GenerationBackend,
+    GenerationRequest,
+    GenerationResult,
+    WeightSyncError,
+    WeightUpdate,
+)
+from flexmarl.rollout.config import RolloutConfig
 from flexmarl.rollout.hf_backend import HFBackend
+from flexmarl.rollout.vllm_backend import VLLMBackend
 
 
 def _key(key: str) -> str:
     return f"replica:{key}"
 
 
-def start_replica(key: str, model_dir: str, version: int) -> str:
-    """Load the model on this worker (once) and return the worker's address."""
+def open_backend(model_dir: str, version: int, rollout: RolloutConfig) -> GenerationBackend:
+    """The backend ``rollout.backend`` names, loaded and ready to generate."""
+    if rollout.backend == "vllm":
+        return VLLMBackend(model_dir, version=version, settings=rollout.vllm).start()
+    return HFBackend(model_dir, version=version)
+
+
+def start_replica(key: str, model_dir: str, version: int, rollout: RolloutConfig | None = None) -> str:
+    """Load the model on this worker (once), with the backend of ``rollout`` (default: hf); returns the address."""
     registry = engines()
     if _key(key) not in registry:
-        registry[_key(key)] = HFBackend(model_dir, version=version)
+        registry[_key(key)] = open_backend(model_dir, version, rollout or RolloutConfig())
     return worker_address()
 
 
-def replica(key: str) -> HFBackend:
+def replica(key: str) -> GenerationBackend:
     try:
         return engines()[_key(key)]
     except KeyError:

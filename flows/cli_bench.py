@@ -42,11 +42,14 @@ def rollout(
     out: Annotated[Path, typer.Option(help="Output directory for bench_rollout.json and pictures.")],
     repeats: Annotated[int, typer.Option(min=1, help="Runs of each way; the report gives medians.")] = 3,
     workload: Annotated[str, typer.Option(help="Preset of the skewed workload.")] = "fan_out",
+    backend_model: Annotated[str, typer.Option(help="Model of the backend tokens/s figures.")] = "tiny-large",
 ) -> None:
-    """Layered vs dependency-parallel sampling, and with vs without inter-agent balancing, in one run."""
+    """Layered vs dependency-parallel sampling, with vs without inter-agent balancing, and each backend's
+    tokens/s, in one run."""
     from flexmarl.bench.rollout_bench import bench_rollout
 
-    report = bench_rollout(out_dir=out, workload=workload, repeats=repeats, log=console.print)
+    report = bench_rollout(out_dir=out, workload=workload, repeats=repeats, backend_model=backend_model,
+                           log=console.print)
     dp, lb = report["dependency_parallel"], report["balancing"]
     table = Table(title=f"rollout of {report['episodes']} episodes ({report['tokens']} tokens), median of {repeats}")
     for col in ("way", "wall s", "speedup"):
@@ -57,6 +60,8 @@ def rollout(
     table.add_row("with balancing", f"{lb['with_lb']['wall_s']:.2f}",
                   f"{lb['speedup']:.2f}x, {lb['with_lb']['capacity_moves']} slot moves")
     console.print(table)
+    for name, b in report["backends"].items():
+        console.print(f"{name}: " + (f"{b['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in b else b["unavailable"]))
     console.print(f"report: {out / 'bench_rollout.json'}")
 
 

@@ -5,7 +5,8 @@ reads them), the rollout engine samples one global batch of episodes, without tr
 cluster: layered (each layer of the graph waits for the whole previous one, as in synchronous frameworks)
 against dependency-parallel (a node starts once its parents are done), and dependency-parallel with and
 without the inter-agent balancer. Each way runs ``repeats`` times and reports its median wall time, since the
-machine is shared. Every way samples the same episodes: requests are seeded per sample.
+machine is shared. Every way samples the same episodes: requests are seeded per sample. It also measures
+each rollout backend's tokens/s on ``backend_model`` (vLLM through ``.venv-vllm`` when that exists).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from flexmarl.bench.backend_bench import compare_backends  # noqa: E402
 from flexmarl.bench.timeline import draw_timeline  # noqa: E402
 from flexmarl.cluster.local import open_cluster  # noqa: E402
 from flexmarl.config import load_config  # noqa: E402
@@ -71,7 +73,7 @@ def bench_rollout(
     out_dir: Path,
     workload: str = "fan_out",
     repeats: int = 3,
-    backends: Callable[[], dict] | None = None,
+    backend_model: str = "tiny-large",
     log: Callable[[str], None] = print,
 ) -> dict:
     """Write ``out_dir/bench_rollout.json`` and timeline/queue pictures of the last repeat of each way."""
@@ -94,7 +96,7 @@ def bench_rollout(
         "episodes": cfg.train.queries_per_step * cfg.train.group_size,
         "tokens": tokens,
         "repeats": repeats,
-        "backends": backends() if backends else {},
+        "backends": compare_backends(backend_model)["backends"],
         "dependency_parallel": {
             "layered_s": median["layered"], "dependency_s": median["dependency"],
             "speedup": median["layered"] / median["dependency"],

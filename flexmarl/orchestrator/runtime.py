@@ -192,7 +192,7 @@ class Runtime:
             version, model_dir = self.versions[agent], self.model_dirs[agent]
             for worker in self.engines[agent]:
                 futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
-                                         version))
+                                         version, self.cfg.rollout))
             futures.append(submit_on(
                 self.client, self.trainers[agent], slot.start_trainer, self.key(agent), model_dir,
                 self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens, version,

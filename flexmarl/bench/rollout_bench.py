@@ -29,6 +29,9 @@ from flexmarl.config import load_config  # noqa: E402
 from flexmarl.orchestrator.pipeline import PipelineResult  # noqa: E402
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run  # noqa: E402
 
+# The fan_out preset, skewed harder: the solver's three calls carry nearly all the tokens, and the aggregator
+# runs the small model, so that the replica slots dealt evenly at the start are far from where the work is.
+SKEW = ["agents.aggregator.model=tiny", "agents.solver.sampling.max_new_tokens=96", "train.queries_per_step=16"]
 # Each way of sampling is a set of overrides of the same workload (one step, no training).
 WAYS: dict[str, list[str]] = {
     "layered": ["train.mode=sync", "rollout.load_balance=true"],
@@ -38,7 +41,7 @@ WAYS: dict[str, list[str]] = {
 
 
 def sample_once(overrides: list[str], run_dir: Path, address: str, workload: str) -> PipelineResult:
-    cfg = load_config(preset=workload, overrides=[*overrides, "train.steps=1"])
+    cfg = load_config(preset=workload, overrides=[*SKEW, *overrides, "train.steps=1"])
     run_id, store_uri = prepare_run(cfg, run_dir)
     runtime = Runtime(RunContext(run_id, str(run_dir.resolve()), store_uri, address), cfg)
     try:
@@ -78,7 +81,7 @@ def bench_rollout(
 ) -> dict:
     """Write ``out_dir/bench_rollout.json`` and timeline/queue pictures of the last repeat of each way."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = load_config(preset=workload)
+    cfg = load_config(preset=workload, overrides=SKEW)
     walls: dict[str, list[float]] = {w: [] for w in WAYS}
     last: dict[str, PipelineResult] = {}
     with open_cluster(cfg.cluster) as address:

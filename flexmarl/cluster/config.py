@@ -18,6 +18,9 @@ class ClusterConfig(Strict):
     """Per-worker memory limit of the LocalCluster (Dask syntax, e.g. '6GiB')."""
     connect_timeout_s: float = Field(60.0, gt=0)
     """How long to wait for the scheduler and its workers."""
+    heartbeat_timeout_s: float = Field(60.0, gt=0)
+    """A worker whose heartbeat the scheduler has not seen for this long counts as hung (a frozen process or
+    host): the run restarts it through its nanny and rebuilds its replicas and trainers elsewhere."""
     worker_resources: dict[str, float] = {}
     """Dask resources every LocalCluster worker offers (e.g. ``{GPU: 1}``); existing clusters declare their own
     (``dask worker --resources "GPU=1"``)."""

@@ -7,6 +7,7 @@ worker's engine registry under ``key`` (``"<run id>/<agent>"``), so several runs
 from __future__ import annotations
 
 import torch
+from safetensors.torch import load_file
 
 from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightSyncError, WeightUpdate
@@ -48,3 +49,21 @@ def load_weights(key: str, version: int, state: dict[str, torch.Tensor]) -> int:
     except WeightSyncError as exc:
         raise WeightSyncError(f"replica on {worker_address()}: {exc}") from None
     return backend.version
+
+
+def restart_replica(key: str, model_dir: str, version: int, weights_file: str | None) -> str:
+    """Build ``key``'s replica afresh on this worker (replacing any) at ``version``: the weights of
+    ``weights_file`` (a training-state snapshot), or of ``model_dir`` at version 0. Returns the worker's address.
+    """
+    backend = HFBackend(model_dir, version=0)
+    if weights_file is not None:
+        backend.update_weights(WeightUpdate(key, version, load_file(weights_file)))
+    engines()[_key(key)] = backend
+    return worker_address()
+
+
+def load_weights_file(key: str, version: int, weights_file: str) -> int:
+    """``load_weights`` from a training-state snapshot on a shared file system, not from a trainer's memory."""
+    if version <= replica(key).version:
+        return replica(key).version
+    return load_weights(key, version, load_file(weights_file))

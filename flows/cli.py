@@ -24,14 +24,25 @@ def train(
     run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<time>).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
     dask_address: Annotated[Optional[str], typer.Option(help="Existing Dask scheduler address.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(
+        help="Continue the run in this run directory (crashed or stopped) from its store and training state.",
+    )] = None,
 ) -> None:
     """Train the agents of a MEG (a Prefect flow run on a Dask cluster)."""
     from flexmarl.config import ConfigError, load_config
+    from flexmarl.orchestrator.runtime import CONFIG_FILE, resume_config
 
     if config is not None and preset is not None:
         fail("give a config file or --preset, not both")
+    if resume is not None and (config is not None or preset is not None or run_dir is not None):
+        fail("--resume continues a run with its own config and directory: drop the config, --preset and --run-dir")
+    if run_dir is not None and (run_dir / CONFIG_FILE).exists():
+        fail(f"{run_dir} already holds a run: continue it with --resume {run_dir}, or choose another --run-dir")
     try:  # validate before starting any server or cluster
-        load_config(config, preset=None if config else (preset or "default"), overrides=set_ or [])
+        if resume is not None:
+            resume_config(resume, [*(set_ or []), *([f"cluster.address={dask_address}"] if dask_address else [])])
+        else:
+            load_config(config, preset=None if config else (preset or "default"), overrides=set_ or [])
     except ConfigError as exc:
         fail(str(exc))
 
@@ -44,6 +55,7 @@ def train(
             report = train_run(
                 preset=preset, config=str(config) if config else None, overrides=set_ or [],
                 run_dir=str(run_dir) if run_dir else None, dask_address=dask_address,
+                resume=str(resume) if resume else None,
             )
     except PrefectAPIError as exc:
         fail(str(exc))

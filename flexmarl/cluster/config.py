@@ -17,7 +17,8 @@ class ClusterConfig(Strict):
     memory_limit: str = "auto"
     """Per-worker memory limit of the LocalCluster (Dask syntax, e.g. '6GiB')."""
     connect_timeout_s: float = Field(60.0, gt=0)
-    """How long to wait for the scheduler and its workers."""
+    """How long to wait for the scheduler and its workers, and for a live worker to rebuild a lost worker's
+    engines on, before the run fails."""
     heartbeat_timeout_s: float = Field(60.0, gt=0)
     """A worker whose heartbeat the scheduler has not seen for this long counts as hung (a frozen process or
     host): the run restarts it through its nanny and rebuilds its replicas and trainers elsewhere."""

@@ -240,6 +240,7 @@ class PipelineRunner:
         target = self.cfg.train.steps
         while True:
             if self.stop_requested.is_set():
+                self.client.cancel(list(self.inflight))
                 raise PipelineStopped(f"the pipeline was stopped at versions {self.versions}; resume it from the store")
             self._admit_steps()
             self._dispatch_generation()
@@ -260,6 +261,7 @@ class PipelineRunner:
                                        f"from {self.worker_of[fut]} within {RESULT_WAIT_S:.0f}s") from None
                 continue
             self.last_progress = time.time()
+            self.supervisor.proven.add(self.worker_of[fut])
             self._handle(self.forget(fut), value)
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens,
@@ -287,8 +289,8 @@ class PipelineRunner:
         """The next finished task, or None when the supervisor acted on a lost or hung worker.
 
         A weight sync or a generation batch past its deadline counts as a hung replica, which the supervisor
-        replaces (or, on a worker without a nanny, fails fast naming it); nothing finishing at all within
-        ``rollout.request_timeout_s`` is a stall.
+        replaces (or, on a worker without a nanny, fails fast naming it). With none of those in flight, nothing
+        finishing at all within ``rollout.request_timeout_s`` is a stall.
         """
         while True:
             if self.supervisor.poll():
@@ -305,7 +307,8 @@ class PipelineRunner:
                 self.supervisor.on_late(late[0], self._late_message(late[0]))
                 self.last_progress = time.time()
                 return None
-            if now >= self.last_progress + self.timeout_s and not self.supervisor.waiting:
+            timed = self.sync_deadlines or self.generate_deadlines  # they end by their own deadlines
+            if now >= self.last_progress + self.timeout_s and not timed and not self.supervisor.waiting:
                 what = sorted({f"{w[0]} {w[1]}" for w in self.inflight.values()})
                 raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}")
 

@@ -73,6 +73,9 @@ class Supervisor:
         self.ids = {w: i.get("id") for w, i in info.items()}  # a worker restarted on the same address gets a new id
         now = time.time()
         self.heartbeats = {w: (i.get("last_seen"), now) for w, i in info.items()}
+        # Workers that ran something for us. A new worker is not judged by its heartbeat before its first task
+        # is done: importing torch in a fresh process can hold the interpreter for many seconds.
+        self.proven = set(info)
         self.last_poll = now
         self.restores: dict[str, int] = {}  # agent -> the version its trainer is being rebuilt at
         self.lost_replicas: Counter[str] = Counter()  # agent -> replicas still to place on a live worker
@@ -104,6 +107,7 @@ class Supervisor:
         self.workers, self.ids = set(info), ids
         for worker in lost:
             self.heartbeats.pop(worker, None)
+            self.proven.discard(worker)
         acted = False
         if lost & self._ours():
             self._on_lost(lost, "lost")
@@ -168,7 +172,7 @@ class Supervisor:
             last, since = self.heartbeats.get(worker, (None, now))
             if seen != last:
                 self.heartbeats[worker] = (seen, now)
-            elif worker in ours and now - since > self.cfg.cluster.heartbeat_timeout_s:
+            elif worker in ours and worker in self.proven and now - since > self.cfg.cluster.heartbeat_timeout_s:
                 silent.add(worker)
         return silent
 

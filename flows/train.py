@@ -23,6 +23,8 @@ from prefect.runtime import flow_run
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.orchestrator.runtime import RunContext, Runtime, attempts, prepare_run, resume_config
+from flexmarl.tracking.tracker import RunTracker
+from flows.waiting import wait_for
 from tasks.engines import save_checkpoint, start_engines
 from tasks.pipeline import run_pipeline
 from tasks.publish import publish_report, publish_update, set_progress, start_progress
@@ -56,7 +58,7 @@ def default_run_dir() -> str:
 
 @flow(name="flexmarl-train", log_prints=True)
 def train_run(
-    preset: Literal["default", "tiny"] | None = None,
+    preset: Literal["default", "tiny"] | None = "default",
     config: str | None = None,
     steps: int | None = None,
     overrides: list[str] | None = None,
@@ -70,12 +72,13 @@ def train_run(
         preset: a shipped config, 'default' (SmolLM2-135M solver -> verifier on GSM-style problems) or
             'tiny' (a tiny model, for tests); used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
-        steps: optimizer steps per agent (overrides ``train.steps``).
+        steps: optimizer steps per agent (overrides ``train.steps``; default: the config's own).
         overrides: ``dotted.key=value`` settings, e.g. ``["training.lr=1e-5", "train.mode=sync"]``.
         run_dir: where the store, checkpoints and report go (default ``runs/<time>``).
         dask_address: an existing Dask scheduler; default starts a LocalCluster.
-        resume: the run directory of a run to continue (instead of ``preset``, ``config`` and ``run_dir``);
-            ``steps``, ``dask_address`` and the overrides of ``RESUMABLE`` settings still apply.
+        resume: the run directory of a run to continue; it takes the place of ``preset``, ``config`` and
+            ``run_dir`` (the run keeps its own config), while ``steps``, ``dask_address`` and overrides of the
+            settings a resumed run may change still apply.
 
     Returns:
         The run report (also written to ``RUN_DIR/report.json``).
@@ -93,7 +96,10 @@ def train_run(
     what = "resuming run" if resume or retried else "run"
     logger.info("%s %s in %s; resolved config:\n%s", what, run_id, Path(run_dir).resolve(), dump_config(cfg))
 
-    with open_cluster(cfg.cluster) as address:
+    tracker = RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg)  # checks before the cluster
+    with open_cluster(cfg.cluster) as address, tracker:
+        if tracker.enabled:
+            logger.info("tracking: %s", ", ".join(tracker.enabled))
         ctx = RunContext(run_id, str(Path(run_dir).resolve()), store_uri, address)
         pipeline = None
         try:
@@ -101,21 +107,29 @@ def train_run(
             progress = start_progress()
             total = cfg.train.steps * len(cfg.agents)
             done = sum(min(v, cfg.train.steps) for v in Runtime.get(ctx).versions.values())  # resumed: done before
+            events = Runtime.get(ctx).events
             pipeline = run_pipeline.submit(ctx)
-            # Each agent update the pipeline finishes shows up as its own task run, as it happens.
+            # The pipeline ends its events with None; so does this callback, should the task die first.
+            pipeline.add_done_callback(lambda _: events.put(None))
+            # Each agent update the pipeline finishes shows up as its own task run, as it happens, and goes
+            # to the experiment trackers from here, the driver.
             updates = []
-            for event in iter(Runtime.get(ctx).events.get, None):
+            for event in iter(events.get, None):
                 updates.append(publish_update(event))
+                tracker.log_update(event)
                 set_progress(progress, done + len(updates), total)
-            result = pipeline.result()
+            result = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
+                              "rollout.request_timeout_s")
             if cfg.train.save_checkpoints:
                 for agent in cfg.agents:
                     save_checkpoint(ctx, agent)
-            return publish_report(ctx, cfg, result, updates, time.perf_counter() - t0)
+            report = publish_report(ctx, cfg, result, updates, time.perf_counter() - t0)
+            tracker.log_report(report)
+            return report
         finally:
             if pipeline is not None:  # a failed flow stops its pipeline before anything resumes the run
                 Runtime.get(ctx).stop()
-                pipeline.wait()
+                pipeline.wait(timeout=cfg.rollout.request_timeout_s)
             Runtime.release(ctx)
 
 

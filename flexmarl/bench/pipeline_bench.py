@@ -39,6 +39,19 @@ def step_times(result: PipelineResult, steps: int) -> list[float]:
     return [b - a for a, b in zip([0.0] + ends[:-1], ends, strict=True)]
 
 
+def state_moves(result: PipelineResult) -> dict:
+    """How often agents' states moved between slots, and what it cost: ``swap_s`` is the time slots spent
+    parking and resuming states (their task threads), ``load_s`` the part that loaded a state into its new
+    trainer, and ``prefetch_read_s`` the reads done ahead of time in the background, overlapping training."""
+    return {
+        "moves": len(result.state_moves),
+        "prefetched": sum(m.prefetched for m in result.state_moves),
+        "swap_s": sum(s.end - s.start for s in result.spans if s.kind == "swap" and not s.background),
+        "load_s": sum(m.load_s for m in result.state_moves),
+        "prefetch_read_s": sum(m.prefetch_s for m in result.state_moves),
+    }
+
+
 def run_mode(cfg: RunConfig, run_dir: Path, address: str) -> tuple[PipelineResult, dict]:
     run_id, store_uri = prepare_run(cfg, run_dir)
     runtime = Runtime(RunContext(run_id, str(run_dir.resolve()), store_uri, address), cfg)
@@ -97,6 +110,7 @@ def bench_pipeline(
                 "tokens": result.tokens,
                 "utilization": result.utilization(),
                 "per_agent": per_agent,
+                "state_moves": state_moves(result),
             }
             draw_timeline(result, out_dir / f"timeline_{mode}.png", title=mode)
             log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}")

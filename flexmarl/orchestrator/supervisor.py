@@ -1,16 +1,18 @@
 """Keeps a pipeline's engines alive: detects lost and hung workers and rebuilds what they held.
 
-Dask's nanny restarts a killed worker process under a new address; the engines it held (rollout replicas,
+Dask's nanny restarts a killed worker process under a new address; the engines it held (rollout engines,
 trainers: ``cluster/worker_state.py``) are gone, and tasks pinned to the old address would wait forever.
 The supervisor polls the scheduler from the pipeline's loop, and when a worker is lost it:
 
 - gives up the tasks pinned to it: its generation batches go back to the queue (per-request seeds make
   them come out the same elsewhere), its weight syncs are dropped;
-- replaces its replicas on live workers that hold none of that agent (a new worker first), with the
+- gives its replica slots back: at once one to each agent left without any, on a surviving worker, and
+  the rest on a new worker (a nanny's replacement) once the engines they need run there, loaded with the
   weights of the agent's snapshot of its current version (``training/snapshots.py``);
 - rebuilds each trainer it held on a live training slot from the agent's snapshot of the version the store
   records, and trains that step's micro-batches again from the start: the lost worker took the partial
-  gradient sum with it, so nothing is counted twice, and the result equals the uninterrupted step.
+  gradient sum with it, so nothing is counted twice, and the result equals the uninterrupted step. A move
+  whose target was lost is given up; the trainer it would have moved is still where it was.
 
 A worker is hung when the scheduler has not seen its heartbeat for ``cluster.heartbeat_timeout_s``, or a
 generation batch or a weight sync on it passes its deadline (``rollout.request_timeout_s``,
@@ -29,7 +31,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distributed import Future
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
 
 POLL_S = 0.5  # how often the scheduler is asked which workers are alive
 KILL_WAIT_S = 10.0  # for a hung worker's nanny to kill it, and for the scheduler to see it gone
-TRAINER_KINDS = {"train", "finish", "park", "move", "snapshot", "restore"}  # tasks that need the agent's trainer
+TRAINER_KINDS = {"train", "finish", "park", "move", "snapshot", "restore"}  # tasks on the agent's trainer
+BLOCKING_KINDS = {"finish", "snapshot", "move", "restore"}  # the agent trains nothing until they are done
 
 
 @dataclass
@@ -78,7 +80,8 @@ class Supervisor:
         self.proven = set(info)
         self.last_poll = now
         self.restores: dict[str, int] = {}  # agent -> the version its trainer is being rebuilt at
-        self.lost_replicas: Counter[str] = Counter()  # agent -> replicas still to place on a live worker
+        self.lost_slots: Counter[str] = Counter()  # agent -> replica slots lost and not given back yet
+        self.pending_slots: dict[str, list[str]] = {}  # worker -> agents whose slots wait for engines there
         self.recoveries: list[Recovery] = []
         self.open: list[Recovery] = []
         self.waiting_since: float | None = None
@@ -87,7 +90,7 @@ class Supervisor:
 
     @property
     def waiting(self) -> bool:
-        """Work waits for a worker to join: a trainer to rebuild, or an agent without any replica."""
+        """Work waits for a worker: a trainer to rebuild, or an agent without any replica slot."""
         return bool(self.restores) or any(not reps for reps in self.runner.replicas.values())
 
     def poll(self, *, force: bool = False) -> bool:
@@ -117,7 +120,7 @@ class Supervisor:
             self._restart(silent, f"no heartbeat for {self.cfg.cluster.heartbeat_timeout_s:.0f}s "
                                   "(cluster.heartbeat_timeout_s)", TimeoutError)
             return True
-        if lost or joined or self.waiting or +self.lost_replicas:
+        if lost or joined or self.waiting or +self.lost_slots:
             acted |= self._rebuild(info)
         self._check_recovered()
         self._check_waiting(now)
@@ -180,6 +183,7 @@ class Supervisor:
         """Workers that hold this run's engines or tasks."""
         r = self.runner
         held = {rep.worker for reps in r.replicas.values() for rep in reps}
+        held |= {w for ws in r.engines.values() for w in ws}
         return held | set(r.slots) | set(r.location.values()) | set(r.worker_of.values())
 
     def _scheduler_workers(self) -> dict[str, dict]:
@@ -192,7 +196,7 @@ class Supervisor:
         recovery = recovery or Recovery(tuple(sorted(lost)), cause, time.time())
         self.recoveries.append(recovery)
         self.open.append(recovery)
-        lost_trainers = {a for a in self.cfg.agents if r.location[a] in lost or r.bound.get(a) in lost}
+        lost_trainers = {a for a in self.cfg.agents if r.location[a] in lost}
         for fut, worker in list(r.worker_of.items()):
             if worker not in lost:
                 continue
@@ -204,14 +208,21 @@ class Supervisor:
                     r._enqueue(ep, node)
             elif kind == "sync":
                 r.pending_syncs[agent] -= 1
-            elif kind in TRAINER_KINDS:
+            elif kind in TRAINER_KINDS - {"move", "restore"}:  # these run where the trainer lives
                 lost_trainers.add(agent)
-            elif kind == "replica":
-                self.lost_replicas[agent] += 1
-        for agent, reps in r.replicas.items():
-            gone = [rep for rep in reps if rep.worker in lost]
-            self.lost_replicas[agent] += len(gone)
-            reps[:] = [rep for rep in reps if rep.worker not in lost]
+        for agent in self.cfg.agents:
+            if r.bound.get(agent) in lost:  # a move to it was under way: the trainer is still where it was
+                r.bound[agent] = None
+            r.engines[agent] = [w for w in r.engines[agent] if w not in lost]
+            gone = [rep for rep in r.replicas[agent] if rep.worker in lost]
+            self.lost_slots[agent] += len(gone)
+            r.replicas[agent][:] = [rep for rep in r.replicas[agent] if rep.worker not in lost]
+        for worker in lost:
+            r.outstanding_tokens.pop(worker, None)
+            for agent in self.pending_slots.pop(worker, []):  # slots that waited for engines there
+                self.lost_slots[agent] += 1
+        r.engine_version = {k: v for k, v in r.engine_version.items() if k[1] not in lost}
+        r.prefetched = {a: p for a, p in r.prefetched.items() if p[0] not in lost}
         r.slots = [w for w in r.slots if w not in lost]
         for agent in sorted(lost_trainers):
             self._lose_trainer(agent)
@@ -234,19 +245,24 @@ class Supervisor:
         r.queued[agent] = 0
         r.bound[agent] = None
         r.blocked[agent] = True
+        r.parked.pop(agent, None)  # written by the lost trainer, maybe only in part
+        prefetched = r.prefetched.pop(agent, None)
+        if prefetched is not None:
+            r._discard_prefetch(agent, prefetched[0])
         self.restores[agent] = version
 
     def _unblock_if_idle(self, agent: str) -> None:
         r = self.runner
         if agent in self.restores or not r.blocked[agent] or r.pending_syncs[agent] > 0:
             return
-        if not any(w[1] == agent and w[0] in TRAINER_KINDS - {"train"} for w in r.inflight.values()):
+        if not any(w[1] == agent and w[0] in BLOCKING_KINDS for w in r.inflight.values()):
             r.blocked[agent] = False
 
     # ------------------------------------------------------------------ rebuilding
 
     def _rebuild(self, info: dict) -> bool:
-        """Add new training workers as slots, rebuild lost trainers and place lost replicas. True if it acted."""
+        """Add new training workers as slots, rebuild lost trainers and replace lost replica slots (and the
+        engines they need). True if it acted."""
         r = self.runner
         acted = False
         limit = self.cfg.training.slots
@@ -261,33 +277,75 @@ class Supervisor:
             if target is None:
                 continue
             spec = self.cfg.agents[agent].sampling
-            snapshot = self._snapshot(agent, version)
             r._submit(target, snapshots.restore_trainer, r.key(agent), r.model_dirs[agent], r.trainer_cfg[agent],
-                      spec.temperature, spec.max_new_tokens, None if snapshot is None else str(snapshot), version,
-                      what=("restore", agent, target, version))
+                      spec.temperature, spec.max_new_tokens, self._snapshot(agent, version), version,
+                      self.cfg.training.state_storage_options, what=("restore", agent, target, version))
             acted = True
-        rollout = self._offering(info, self.cfg.cluster.rollout_resource)
+        return self._replace_slots(self._offering(info, self.cfg.cluster.rollout_resource)) or acted
+
+    def _replace_slots(self, rollout: list[str]) -> bool:
+        """Give lost replica slots back: first one to each agent left without any, on a live worker (loading
+        the agent's engine there if needed), then the rest on new workers, once the engines they need run."""
+        r = self.runner
+        acted = False
+        pending = {a for agents in self.pending_slots.values() for a in agents}
         for agent in self.cfg.agents:
-            if not r.replicas[agent] and not self.lost_replicas[agent] and not self._in_flight("replica", agent):
-                self.lost_replicas[agent] = 1  # an agent always needs one replica
-            while self.lost_replicas[agent] > 0:
-                worker = self._pick_rollout_worker(agent, rollout)
-                if worker is None:
-                    break
-                self._start_replica(agent, worker)
+            if r.replicas[agent] or agent in pending:
+                continue
+            worker = self._pick_survivor(agent, rollout)
+            if worker is not None:
+                self.lost_slots[agent] = max(self.lost_slots[agent] - 1, 0)
+                self._place_slot(agent, worker)
                 acted = True
+        ours = {w for ws in r.engines.values() for w in ws} | set(self.pending_slots) | {
+            w[2] for w in r.inflight.values() if w[0] == "replica"}
+        for worker in (w for w in rollout if w not in ours):  # a new worker (a nanny's replacement)
+            debt = [a for a in self.cfg.agents for _ in range(self.lost_slots[a])]
+            if not debt:
+                break
+            for agent in debt[: self.cfg.rollout.slots_per_worker]:
+                self.lost_slots[agent] -= 1
+                self._place_slot(agent, worker)
+            acted = True
         return acted
 
-    def _start_replica(self, agent: str, worker: str) -> None:
+    def _place_slot(self, agent: str, worker: str) -> None:
+        """A slot of ``agent`` on ``worker``: at once if the engines it needs are there, else once they are."""
+        self.pending_slots.setdefault(worker, []).append(agent)
+        for needed in self._engines_needed(agent):
+            if worker not in self.runner.engines[needed] and not self._starting(needed, worker):
+                self._start_engine(needed, worker)
+        self._open_slots(worker)
+
+    def _engines_needed(self, agent: str) -> list[str]:
+        # with inter-agent balancing a slot may move to any agent: every agent's engine must be on its worker
+        return list(self.cfg.agents) if self.cfg.rollout.load_balance else [agent]
+
+    def _open_slots(self, worker: str) -> None:
+        from flexmarl.orchestrator.pipeline import Replica  # the pipeline imports this module
+
+        r = self.runner
+        waiting = self.pending_slots.get(worker, [])
+        for agent in list(waiting):
+            if all(worker in r.engines[a] for a in self._engines_needed(agent)):
+                waiting.remove(agent)
+                r.replicas[agent].append(Replica(agent, worker))
+        if not waiting:
+            self.pending_slots.pop(worker, None)
+
+    def _start_engine(self, agent: str, worker: str) -> None:
         r = self.runner
         version = r.versions[agent]
-        weights = snapshots.weights_file(self._snapshot(agent, version))
-        r._submit(worker, replica_fns.restart_replica, r.key(agent), r.model_dirs[agent], version, weights,
+        r._submit(worker, replica_fns.restart_replica, r.key(agent), r.model_dirs[agent], version, self.cfg.rollout,
+                  snapshots.weights_uri(self._snapshot(agent, version)), self.cfg.training.state_storage_options,
                   what=("replica", agent, worker, version))
-        self.lost_replicas[agent] -= 1
 
-    def _snapshot(self, agent: str, version: int) -> Path | None:
-        return snapshots.require_snapshot(self.runner.snapshot_root, agent, version)
+    def _starting(self, agent: str, worker: str) -> bool:
+        return any(w[0] == "replica" and w[1] == agent and w[2] == worker for w in self.runner.inflight.values())
+
+    def _snapshot(self, agent: str, version: int) -> str | None:
+        r = self.runner
+        return snapshots.require_snapshot(r.snapshot_root, agent, version, self.cfg.training.state_storage_options)
 
     def _pick_slot(self) -> str | None:
         """The live training slot hosting the fewest agents (ties: by name)."""
@@ -298,16 +356,15 @@ class Supervisor:
         hosted = Counter(r.location[a] for a in self.cfg.agents if a not in self.restores)
         return min(live, key=lambda w: (hosted[w], w))
 
-    def _pick_rollout_worker(self, agent: str, rollout: list[str]) -> str | None:
-        """A live rollout worker without a replica of ``agent``, the one holding fewest replicas (a new one)."""
+    def _pick_survivor(self, agent: str, rollout: list[str]) -> str | None:
+        """A live rollout worker for a slot of ``agent``: one holding the engines it needs first, then the one
+        holding fewest slots (ties: by name)."""
         r = self.runner
-        starting = [w[2] for w in r.inflight.values() if w[0] == "replica"]
-        held = Counter([rep.worker for reps in r.replicas.values() for rep in reps] + starting)
-        mine = {rep.worker for rep in r.replicas[agent]} | {
-            w[2] for w in r.inflight.values() if w[0] == "replica" and w[1] == agent
-        }
-        free = [w for w in rollout if w not in mine]
-        return min(free, key=lambda w: (held[w], w)) if free else None
+        if not rollout:
+            return None
+        held = Counter(rep.worker for reps in r.replicas.values() for rep in reps)
+        ready = [w for w in rollout if all(w in r.engines[a] for a in self._engines_needed(agent))]
+        return min(ready or rollout, key=lambda w: (held[w], w))
 
     def _offering(self, info: dict, resource: str | None) -> list[str]:
         return sorted(w for w, i in info.items() if resource is None or i.get("resources", {}).get(resource, 0) > 0)
@@ -318,7 +375,7 @@ class Supervisor:
     # ------------------------------------------------------------------ the tasks it submitted
 
     def handle(self, what: tuple, value: object) -> None:
-        """A task the supervisor submitted finished: a trainer rebuilt, a replica started or caught up."""
+        """A task the supervisor submitted finished: a trainer rebuilt, an engine started or caught up."""
         r = self.runner
         kind, agent = what[0], what[1]
         if kind == "restore":
@@ -327,40 +384,39 @@ class Supervisor:
             del self.restores[agent]
             self._resync(agent)
         elif kind == "replica":
-            from flexmarl.orchestrator.pipeline import Replica  # the pipeline imports this module
-
             _, _, worker, version = what
-            rep = Replica(agent, worker, version)
-            r.replicas[agent].append(rep)
-            if version < r.versions[agent]:  # an update was recorded meanwhile: catch up from its snapshot
-                rep.busy = True
-                latest = r.versions[agent]
-                r._submit(worker, replica_fns.load_weights_file, r.key(agent), latest,
-                          snapshots.weights_file(self._snapshot(agent, latest)), what=("catchup", agent, rep, latest))
+            r.engines[agent].append(worker)
+            r.engine_version[(agent, worker)] = version
+            latest = r.versions[agent]
+            if version < latest:  # an update was recorded meanwhile: catch up from its snapshot
+                r._submit(worker, replica_fns.load_weights_from, r.key(agent), latest,
+                          snapshots.weights_uri(self._snapshot(agent, latest)),
+                          self.cfg.training.state_storage_options, what=("catchup", agent, worker, latest))
+            self._open_slots(worker)
         elif kind == "catchup":
-            rep = what[2]
-            rep.version = max(rep.version, int(value))
-            rep.busy = False
+            worker = what[2]
+            if (agent, worker) in r.engine_version:
+                r.engine_version[(agent, worker)] = max(r.engine_version[(agent, worker)], int(value))
         self._check_recovered()
 
     def _resync(self, agent: str) -> None:
-        """Bring the agent's replicas to its recorded version from its snapshot; unblock it once they are."""
+        """Bring the agent's engines to its recorded version from its snapshot; unblock it once they are."""
         r = self.runner
         version = r.versions[agent]
-        behind = [rep for rep in r.replicas[agent] if rep.version < version]
+        behind = [w for w in r.engines[agent] if r.engine_version.get((agent, w), version) < version]
         if not behind:
             r.blocked[agent] = False
             return
-        weights = snapshots.weights_file(self._snapshot(agent, version))
-        for rep in behind:
+        weights = snapshots.weights_uri(self._snapshot(agent, version))
+        for worker in behind:
             r.pending_syncs[agent] += 1
-            fut = r._submit(rep.worker, replica_fns.load_weights_file, r.key(agent), version, weights,
-                            what=("sync", agent, rep, version))
+            fut = r._submit(worker, replica_fns.load_weights_from, r.key(agent), version, weights,
+                            self.cfg.training.state_storage_options, what=("sync", agent, worker, version))
             r.sync_deadlines[fut] = time.time() + self.cfg.rollout.sync_timeout_s
 
     def _check_recovered(self) -> None:
         r = self.runner
-        if self.open and not self.restores and all(r.replicas.values()) and not any(
+        if self.open and not self.restores and not self.pending_slots and all(r.replicas.values()) and not any(
             w[0] in ("restore", "replica") for w in r.inflight.values()
         ):
             for recovery in self.open:

@@ -84,5 +84,13 @@ class InterAgentBalancer:
                 return move
         return None
 
+    @staticmethod
+    def slot_to_move(idle_workers: list[str], held: list[str], outstanding: dict[str, int]) -> int:
+        """Which of the source's idle slots (given by worker) moves: where the target holds the fewest slots
+        (a second slot on a worker only queues behind the first), then the worker with the fewest tokens
+        outstanding."""
+        return min(range(len(idle_workers)),
+                   key=lambda i: (held.count(idle_workers[i]), outstanding.get(idle_workers[i], 0), idle_workers[i]))
+
     def _cooling(self, last: dict[str, float], agent: str, now: float) -> bool:
         return agent in last and now - last[agent] < self.cooldown_s

@@ -19,7 +19,7 @@ from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, load_config
 from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.orchestrator.coverage import training_coverage
-from flexmarl.training.snapshots import SNAPSHOTS, load_weights, snapshot_dir
+from flexmarl.training.snapshots import SNAPSHOTS, load_weights, snapshot_uri
 from storage.store import ExperienceStore
 from storage.verify import verify_store
 
@@ -60,7 +60,8 @@ def reference(address: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 def final_weights(run_dir: Path, cfg: RunConfig) -> dict[str, dict[str, torch.Tensor]]:
     """The final weights as the run wrote them: each agent's training-state snapshot of its last version."""
-    return {a: load_weights(str(snapshot_dir(run_dir / SNAPSHOTS, a, cfg.train.steps))) for a in cfg.agents}
+    root = str(run_dir / "state" / SNAPSHOTS)
+    return {a: load_weights(snapshot_uri(root, a, cfg.train.steps)) for a in cfg.agents}
 
 
 @pytest.fixture(scope="package")

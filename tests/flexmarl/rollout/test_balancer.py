@@ -52,3 +52,10 @@ def test_cooldown_stops_a_slot_from_moving_straight_back():
     assert b.decide(0.5, *flipped) is None
     move = b.decide(1.5, *flipped)
     assert (move.source, move.target) == ("b", "a") and len(b.moves) == 2
+
+
+def test_the_slot_that_moves_is_where_the_target_has_fewest_slots_then_least_outstanding():
+    pick = InterAgentBalancer.slot_to_move
+    assert pick(["w0", "w1"], held=["w1"], outstanding={}) == 0
+    assert pick(["w0", "w1"], held=[], outstanding={"w0": 64, "w1": 0}) == 1
+    assert pick(["w0", "w1"], held=["w1", "w1"], outstanding={"w0": 64}) == 0

@@ -118,11 +118,11 @@ def prepare_run(
     run unless ``resume`` (its config then comes from ``resume_config``). ``started_by`` (a Prefect flow run
     id) is recorded with the attempt, so that a retry of that flow run can find its run.
     """
-    if not resume:
-        check_new_run_dir(run_dir)
     run_path = Path(run_dir).resolve()
     store_uri = check_run_paths(cfg, run_path)
     check_inputs(cfg)
+    if not resume:
+        check_new_run_dir(run_dir)
     run_id = f"{run_path.name}-{uuid.uuid4().hex[:8]}"
     (run_path / CONFIG_FILE).write_text(dump_config(cfg))
     with (run_path / ATTEMPTS_FILE).open("a") as attempts_file:

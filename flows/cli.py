@@ -28,19 +28,34 @@ def train(
     run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<time>).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
     dask_address: Annotated[Optional[str], typer.Option(help="Existing Dask scheduler address.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(
+        help="Continue the run in this run directory (crashed or stopped) from its store and training state.",
+    )] = None,
 ) -> None:
     """Train the agents of a MEG (a Prefect flow run on a Dask cluster)."""
     from flexmarl.config import ConfigError, load_config
     from flexmarl.models.loading import ModelError
-    from flexmarl.orchestrator.runtime import RunSetupError, check_inputs, check_run_paths
+    from flexmarl.orchestrator.runtime import (
+        RunSetupError,
+        check_inputs,
+        check_new_run_dir,
+        check_run_paths,
+        resume_config,
+    )
     from flexmarl.workloads.datasets import DataError
 
     if config is not None and preset is not None:
         fail("give a config file or --preset, not both")
-    run_dir = run_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    if resume is not None and (config is not None or preset is not None or run_dir is not None):
+        fail("--resume continues a run with its own config and directory: drop the config, --preset and --run-dir")
+    run_dir = resume or run_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     try:  # check the inputs, and that the run can write its results, before starting any server or cluster
         overrides = [*(set_ or []), *([f"cluster.address={dask_address}"] if dask_address else [])]
-        cfg = load_config(config, preset=None if config else (preset or "default"), overrides=overrides)
+        if resume is not None:
+            cfg = resume_config(resume, overrides)
+        else:
+            check_new_run_dir(run_dir)
+            cfg = load_config(config, preset=None if config else (preset or "default"), overrides=overrides)
         check_run_paths(cfg, run_dir)
         check_inputs(cfg)
     except (ConfigError, RunSetupError, ModelError, DataError) as exc:
@@ -54,7 +69,8 @@ def train(
             console.print(f"Prefect API: {url}")
             report = train_run(
                 preset=preset, config=str(config) if config else None, overrides=set_ or [],
-                run_dir=str(run_dir), dask_address=dask_address,
+                run_dir=None if resume else str(run_dir), dask_address=dask_address,
+                resume=str(resume) if resume else None,
             )
     except PrefectAPIError as exc:
         fail(str(exc))

@@ -8,6 +8,7 @@ seeds, so with staleness 0 the trained weights of ``flexmarl`` must equal those 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -90,6 +91,7 @@ def bench_pipeline(
     with open_cluster(cluster) as address:
         for mode in modes:
             log(f"mode {mode}: running {steps} steps")
+            shutil.rmtree(out_dir / mode, ignore_errors=True)  # each benchmark run starts its modes afresh
             t0 = time.perf_counter()
             result, weights[mode] = run_mode(mode_config(mode), out_dir / mode, address)
             report["workers"] = len(result.workers)

@@ -21,7 +21,12 @@ class ClusterConfig(Strict):
     memory_limit: str = "auto"
     """Per-worker memory limit of the LocalCluster (Dask syntax, e.g. '6GiB')."""
     connect_timeout_s: float = Field(60.0, gt=0)
-    """How long to wait for the scheduler and its workers, and for freeing a run's engines at its end."""
+    """How long to wait for the scheduler and its workers, for freeing a run's engines at its end, and for a live
+    worker to rebuild a lost worker's engines on, before the run fails."""
+    heartbeat_timeout_s: float = Field(60.0, gt=0)
+    """A worker whose heartbeat the scheduler has not seen for this long counts as hung (a frozen process or
+    host): its nanny kills it and the run rebuilds its replicas and trainers elsewhere. Judged only once the
+    worker has run a task of the run (a fresh worker importing torch may not heartbeat for many seconds)."""
     worker_resources: dict[str, float] = {}
     """Dask resources every LocalCluster worker offers (e.g. ``{GPU: 1}``); existing clusters declare their own
     (``dask worker --resources "GPU=1"``)."""

@@ -65,5 +65,13 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
         "store_read_s": result.store_read_s,
         "run_dir": ctx.run_dir,
         "store_uri": ctx.store_uri,
+        # this attempt: node outputs generated, and those replayed from the store (a resumed run)
+        "samples_generated": result.samples_generated,
+        "samples_reused": result.samples_reused,
+        "recoveries": [
+            {"workers": list(r.workers), "cause": r.cause,
+             "recovered_s": None if r.recovered_at is None else r.recovered_at - r.detected_at}
+            for r in result.recoveries
+        ],
         "agents": agents,
     }

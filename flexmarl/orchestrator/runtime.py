@@ -1,16 +1,22 @@
 """The driver side of a run: lay out the run directory, start the engines on Dask, run the pipeline.
 
-``prepare_run`` lays out a run directory; a ``Runtime`` then starts each agent's rollout replicas and
-trainer on the Dask workers, runs the pipeline (``pipeline.py``) under the schedule the config asks for, and
-saves checkpoints. It is used by the Prefect flow and by the benchmarks alike, so both run the same engine.
+``prepare_run`` lays out a run directory (or reopens one to resume it); a ``Runtime`` then starts each
+agent's rollout replicas and trainer on the Dask workers, runs the pipeline (``pipeline.py``) under the
+schedule the config asks for, and saves checkpoints. It is used by the Prefect flow and by the benchmarks
+alike, so both run the same engine.
+
+A resumed run is a run like any other: the store says each agent's version, its engines start from its
+training-state snapshot of that version, and the pipeline replays the samples already committed.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -20,18 +26,22 @@ from distributed import Client, TimeoutError as DaskTimeoutError
 
 from flexmarl.cluster.local import connect, place, submit_on, workers_offering
 from flexmarl.cluster.worker_state import release
-from flexmarl.config import RunConfig, dump_config, load_config
+from flexmarl.config import ConfigError, RunConfig, dump_config, load_config
 from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
 from flexmarl.orchestrator.pipeline import PipelineResult, PipelineRunner, UpdateEvent
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
-from flexmarl.training import slot
+from flexmarl.training import slot, snapshots
 from flexmarl.workloads.datasets import TaskStream, load_tasks
 from storage.store import ExperienceStore, error_summary
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
+ATTEMPTS_FILE = "attempts.txt"  # one line per start or resume of a run directory: its run id [and who started it]
+# What a resumed run may change: where and how patiently it runs, and how far. The rest made its samples.
+RESUMABLE = ("cluster.", "rollout.request_timeout_s", "rollout.sync_timeout_s", "train.steps",
+             "train.save_checkpoints")
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,10 @@ class RunContext:
 
 class RunSetupError(RuntimeError):
     """The run directory or the store cannot be written; the message names the path and the fix."""
+
+
+class RunDirError(RunSetupError):
+    """A new run in a directory that already holds one; the message names ``--resume`` as the fix."""
 
 
 def check_writable(path: Path, what: str, fix: str) -> None:
@@ -85,16 +99,34 @@ def check_inputs(cfg: RunConfig) -> None:
         load_tasks(cfg.data)
 
 
-def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
+def check_new_run_dir(run_dir: str | Path) -> None:
+    """Refuse to start a run in a directory that holds one: its sample ids would repeat the old run's."""
+    if (Path(run_dir) / CONFIG_FILE).exists():
+        raise RunDirError(
+            f"{Path(run_dir).resolve()} already holds a run: continue it with `flexmarl train --resume {run_dir}`, "
+            "or choose another --run-dir"
+        )
+
+
+def prepare_run(
+    cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, started_by: str | None = None
+) -> tuple[str, str]:
     """Create the run directory and the store, and write the resolved config. Returns (run_id, store_uri).
 
     Refuses, before anything is written or started, a run directory or store that cannot be written, a
-    model whose tokenizer does not fit it, and a data file with a bad line.
+    model whose tokenizer does not fit it, a data file with a bad line, and a directory that already holds a
+    run unless ``resume`` (its config then comes from ``resume_config``). ``started_by`` (a Prefect flow run
+    id) is recorded with the attempt, so that a retry of that flow run can find its run.
     """
     run_path = Path(run_dir).resolve()
     store_uri = check_run_paths(cfg, run_path)
     check_inputs(cfg)
+    if not resume:
+        check_new_run_dir(run_dir)
+    run_id = f"{run_path.name}-{uuid.uuid4().hex[:8]}"
     (run_path / CONFIG_FILE).write_text(dump_config(cfg))
+    with (run_path / ATTEMPTS_FILE).open("a") as attempts_file:
+        attempts_file.write(f"{run_id}\t{started_by}\n" if started_by else f"{run_id}\n")
     store = ExperienceStore.from_config(store_uri, cfg.store)
     try:
         store.create(cfg.agents)
@@ -103,7 +135,49 @@ def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
             f"cannot create the store's tables under {store_uri}: {error_summary(exc)}; check store.uri and "
             "store.storage_options"
         ) from exc
-    return f"{run_path.name}-{uuid.uuid4().hex[:8]}", store_uri
+    return run_id, store_uri
+
+
+def attempts(run_dir: str | Path) -> list[tuple[str, str | None]]:
+    """Every start and resume of the run in ``run_dir``: (run id, who started it or None), oldest first."""
+    path = Path(run_dir) / ATTEMPTS_FILE
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = [line.split("\t") for line in lines if line.strip()]
+    return [(row[0], row[1] if len(row) > 1 else None) for row in rows]
+
+
+def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """The config of the run in ``run_dir``, with overrides that change only what a resumed run may change
+    (``RESUMABLE``); an override that repeats the run's own value is no change (a Prefect retry repeats them).
+
+    Raises:
+        ConfigError: no run in ``run_dir``, or an override of a setting its samples were made under.
+    """
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} holds no run to resume (no {CONFIG_FILE}); pass the run directory of a run "
+                          "that was started with `flexmarl train --run-dir`")
+    stored, cfg = load_config(path), load_config(path, overrides=overrides)
+    before, after = _flatten(stored.model_dump(mode="json")), _flatten(cfg.model_dump(mode="json"))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    refused = [k for k in changed if not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]
+    if refused:
+        allowed = ", ".join(r + "*" if r.endswith(".") else r for r in RESUMABLE)
+        raise ConfigError(
+            f"cannot change {', '.join(refused)} when resuming: the samples in the store were made under the "
+            f"run's own settings. A resumed run may change only {allowed}"
+        )
+    return cfg
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def training_slots(slots: int | None, train_workers: list[str]) -> list[str]:
@@ -170,6 +244,9 @@ class Runtime:
         self.tasks = TaskStream(load_tasks(self.cfg.data), seed=self.cfg.data.seed)
         self.timeout_s = self.cfg.rollout.request_timeout_s
         self.events: queue.Queue[UpdateEvent | None] = queue.Queue()
+        self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / "state")).rstrip("/")
+        self.snapshot_root = f"{self.state_uri}/{snapshots.SNAPSHOTS}" if self.cfg.train.save_state else None
+        self.stop_requested = threading.Event()
 
     def key(self, agent: str) -> str:
         return f"{self.ctx.run_id}/{agent}"
@@ -186,33 +263,58 @@ class Runtime:
             ) from None
 
     def start_engines(self) -> dict[str, dict]:
-        """Load every agent's replicas and trainer on their workers. Returns the placement."""
+        """Load every agent's replicas and trainer on their workers. Returns the placement.
+
+        An agent past version 0 (a resumed run) starts from its training-state snapshot of that version.
+        """
+        self._release_earlier_attempts()
+        options = self.cfg.training.state_storage_options
         futures = []
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
+            trainer_args = (self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens)
+            snapshot = snapshots.require_snapshot(self.snapshot_root, agent, version, options)
             for worker in self.engines[agent]:
-                futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
-                                         version, self.cfg.rollout))
-            futures.append(submit_on(
-                self.client, self.trainers[agent], slot.start_trainer, self.key(agent), model_dir,
-                self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens, version,
-            ))
+                if snapshot is None:
+                    futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
+                                             version, self.cfg.rollout))
+                else:
+                    futures.append(submit_on(self.client, worker, replica.restart_replica, self.key(agent),
+                                             model_dir, version, self.cfg.rollout, snapshots.weights_uri(snapshot),
+                                             options))
+            if snapshot is None:
+                futures.append(submit_on(self.client, self.trainers[agent], slot.start_trainer, self.key(agent),
+                                         model_dir, *trainer_args, version))
+            else:
+                futures.append(submit_on(self.client, self.trainers[agent], snapshots.restore_trainer,
+                                         self.key(agent), model_dir, *trainer_args, snapshot, version, options))
         self._wait(futures, "starting the engines")
         return {a: {"trainer": self.trainers[a], "engines": self.engines[a],
                     "slots": [w for w, x in self.rollout_slots if x == a]} for a in self.cfg.agents}
 
-    def run(self, *, train: bool = True) -> PipelineResult:
+    def _release_earlier_attempts(self) -> None:
+        """Free engines that earlier attempts of this run directory left on a cluster that outlived them."""
+        for run_id, _ in attempts(self.ctx.run_dir):
+            if run_id != self.ctx.run_id:
+                for kind in ("replica", "trainer", "prefetch"):
+                    self.client.run(release, f"{kind}:{run_id}/")
+
+    def run(
+        self, *, train: bool = True, on_submit: Callable[[str, str, str], None] | None = None
+    ) -> PipelineResult:
         """Run every agent's updates under the configured schedule; each update is also put on ``events``.
 
-        ``train=False`` only samples (and commits) the steps' episodes: the rollout benchmark.
+        ``train=False`` only samples (and commits) the steps' episodes: the rollout benchmark. ``on_submit`` is
+        called with (kind, agent, worker) after each task the pipeline submits (fault injection).
         """
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
             run_key=self.ctx.run_id, tokenizers=self.tokenizers, engines=self.engines,
             rollout_slots=self.rollout_slots, trainers=self.trainers, slots=self.slots, model_dirs=self.model_dirs,
-            state_uri=self.cfg.training.state_uri or str(Path(self.ctx.run_dir) / "state"),
-            versions=self.versions, tasks=self.tasks, on_update=self.events.put, train=train,
+            state_uri=self.state_uri, versions=self.versions, tasks=self.tasks, on_update=self.events.put,
+            train=train, snapshot_root=self.snapshot_root if train else None, on_submit=on_submit,
         )
+        runner.stop_requested = self.stop_requested
         try:
             result = runner.run()
         finally:
@@ -220,6 +322,10 @@ class Runtime:
             self.trainers = dict(runner.location)  # agents may have moved between slots
         self.versions = dict(runner.versions)
         return result
+
+    def stop(self) -> None:
+        """Ask the pipeline to stop at its next turn (from another thread); the run can be resumed later."""
+        self.stop_requested.set()
 
     def weights(self, agent: str) -> dict[str, torch.Tensor]:
         """The agent's current trained weights (copied to this process)."""

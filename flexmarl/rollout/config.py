@@ -64,9 +64,13 @@ class RolloutConfig(Strict):
     max_batch_size: int = Field(32, ge=1)
     """Most requests one replica generates in one batch; waiting requests join the next batch."""
     sync_timeout_s: float = Field(300.0, gt=0)
-    """Longest wait for a weight sync to one replica before the run fails, naming agent, replica and version."""
+    """Longest wait for a weight sync to one replica. Past it the replica counts as hung: its worker's nanny
+    kills it and its engines are rebuilt elsewhere; a worker without a nanny fails the run, naming agent,
+    replica and version."""
     request_timeout_s: float = Field(1800.0, gt=0)
-    """Longest wait for one generation batch before the run fails with the agent and replica named."""
+    """Longest wait for one generation batch (from its submission). Past it the replica counts as hung: its
+    worker's nanny kills it, its engines are rebuilt and the batch is generated again; a worker without a
+    nanny fails the run, naming agent and replica."""
 
     @model_validator(mode="after")
     def _check_backend_installed(self) -> RolloutConfig:

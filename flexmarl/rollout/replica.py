@@ -6,7 +6,9 @@ worker's engine registry under ``key`` (``"<run id>/<agent>"``), so several runs
 
 from __future__ import annotations
 
+import fsspec
 import torch
+from safetensors.torch import load as load_tensors
 
 from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.rollout.backend import (
@@ -63,3 +65,28 @@ def load_weights(key: str, version: int, state: dict[str, torch.Tensor]) -> int:
     except WeightSyncError as exc:
         raise WeightSyncError(f"replica on {worker_address()}: {exc}") from None
     return backend.version
+
+
+def read_weights(uri: str, storage_options: dict | None = None) -> dict[str, torch.Tensor]:
+    """Weights from a safetensors file at a path or fsspec URI (a training-state snapshot's weights file)."""
+    fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    return load_tensors(fs.cat_file(path))
+
+
+def restart_replica(
+    key: str, model_dir: str, version: int, rollout: RolloutConfig, weights_uri: str | None, storage_options: dict
+) -> str:
+    """Build ``key``'s replica afresh on this worker (replacing any) at ``version``: the weights of
+    ``weights_uri`` (a training-state snapshot's), or of ``model_dir`` at version 0. Returns the address."""
+    backend = open_backend(model_dir, 0, rollout)
+    if weights_uri is not None:
+        backend.update_weights(WeightUpdate(key, version, read_weights(weights_uri, storage_options)))
+    engines()[_key(key)] = backend
+    return worker_address()
+
+
+def load_weights_from(key: str, version: int, weights_uri: str, storage_options: dict) -> int:
+    """``load_weights`` from a training-state snapshot that every worker reaches, not from a trainer's memory."""
+    if version <= replica(key).version:
+        return replica(key).version
+    return load_weights(key, version, read_weights(weights_uri, storage_options))

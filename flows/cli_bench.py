@@ -140,3 +140,56 @@ def chaos(
                       f"{r['max_weight_diff']:.1e}", str(r["verify_violations"] or "ok"))
     console.print(table)
     console.print(f"weights_match_uninterrupted: {report['weights_match_uninterrupted']}; report: {out / 'chaos.json'}")
+
+
+def train_with_flow(config_file: Path, run_dir: Path, address: str) -> dict:
+    """Train as `flexmarl train` does: the flexmarl-train Prefect flow, here on the bench's Dask cluster."""
+    from flows.train import train_run
+
+    return train_run(config=str(config_file), run_dir=str(run_dir), dask_address=address)
+
+
+@bench_app.command("learning")
+def learning(
+    out: Annotated[Path, typer.Option(help="Output directory for learning.json, eval_answers.jsonl and the run.")],
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per agent (default 12: about an "
+                                                 "hour with scoring, on 2 free CPU cores).")] = None,
+    n_eval: Annotated[Optional[int], typer.Option(min=1, help="Held-out problems scored, base and trained "
+                                                  "(default 128).")] = None,
+    preset: Annotated[str, typer.Option(help="Workload: default (SmolLM2-135M) or tiny (for tests).")] = "default",
+    data_dir: Annotated[Optional[Path], typer.Option(help="Directory with GSM8K train.jsonl and test.jsonl "
+                                                     "(default ../shared/data/gsm8k beside the repository).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
+) -> None:
+    """Score the base solver -> verifier team on held-out GSM8K, train it, score it again.
+
+    The budget on top of the preset (flexmarl/bench/learning_bench.py BUDGET, docs/performance.md
+    "Learning"): 12 steps of 4 problems x 8 answers, lr 1e-5, solver temperature 0.7, trained on the GSM8K
+    train problems with at most one calculation, which the base model solves sometimes: a GRPO group
+    teaches only when its rewards differ. Scored greedily on the first --n-eval GSM8K test problems, with
+    the config's max_new_tokens; without the GSM8K files, on reasoning-gym gsm_symbolic under another seed.
+    """
+    from flexmarl.bench.learning_bench import GSM8K_DIR, N_EVAL, plan_learning, run_learning_bench
+    from flexmarl.config import ConfigError
+    from flows.prefect_server import PrefectAPIError, prefect_api
+
+    try:
+        plan = plan_learning(out, preset=preset, steps=steps, n_eval=n_eval or N_EVAL, overrides=set_ or [],
+                             data_dir=data_dir or GSM8K_DIR)
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc))
+
+    try:
+        with prefect_api() as url:
+            console.print(f"Prefect API: {url}")
+            report = run_learning_bench(plan, out, train=train_with_flow, log=console.print)
+    except PrefectAPIError as exc:
+        fail(str(exc))
+    agreement = report["verifier_agreement"]
+    console.print(
+        f"solver accuracy on {report['n_eval']} held-out problems: base {report['base_accuracy']:.3f}, "
+        f"trained {report['trained_accuracy']:.3f} after {report['steps']} steps "
+        f"(+{report['gained']} / -{report['lost']} problems); verifier agreement: base {agreement['base']:.3f}, "
+        f"trained {agreement['trained']:.3f}; {report['wall_s']:.0f} s"
+    )
+    console.print(f"report: {out / 'learning.json'}")

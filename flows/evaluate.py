@@ -11,15 +11,10 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from flexmarl.config import load_config
+from flexmarl.evaluate import held_out_tasks, latest_checkpoint
 from flexmarl.models.loading import resolve_model
 from flexmarl.orchestrator.runtime import CONFIG_FILE
-from flexmarl.workloads.datasets import DataConfig, load_tasks
 from tasks.evaluate import evaluate
-
-
-def latest_checkpoint(run_dir: Path, agent: str) -> Path | None:
-    versions = sorted((run_dir / "checkpoints" / agent).glob("v*"), key=lambda p: int(p.name[1:]))
-    return versions[-1] if versions else None
 
 
 @flow(name="flexmarl-evaluate")
@@ -32,8 +27,9 @@ def evaluate_run(
         run_dir: a run directory (its config.yaml and checkpoints/ are read).
         agent: a root agent of the graph (one whose prompt reads only task fields).
         n: number of held-out tasks.
-        data_path: a GSM8K-style JSONL file of held-out tasks; default: the run's reasoning-gym dataset with
-            another seed, so no task was seen in training.
+        data_path: a GSM8K-style JSONL file of held-out tasks (its first ``n``); default: the run's
+            reasoning-gym dataset with another seed, so no task was seen in training. Required when the run
+            trained on a file.
         base: score the agent's starting model instead of its latest checkpoint.
     """
     path = Path(run_dir).resolve()
@@ -42,11 +38,8 @@ def evaluate_run(
         raise ValueError(f"unknown agent {agent!r}; the run's agents are {sorted(cfg.agents)}")
     model_dir = None if base else latest_checkpoint(path, agent)
     model_dir = model_dir or resolve_model(cfg.agents[agent].model, seed=cfg.train.seed)
-    held_out = (
-        DataConfig(path=Path(data_path), size=n) if data_path
-        else cfg.data.model_copy(update={"seed": cfg.data.seed + 1_000_003, "size": n})
-    )
-    result = evaluate(cfg, agent, model_dir, load_tasks(held_out)[:n])
+    tasks = held_out_tasks(cfg.data, n, path=Path(data_path) if data_path else None)
+    result = evaluate(cfg, agent, model_dir, tasks)
     get_run_logger().info("%s at %s: mean reward %.3f on %d tasks", agent, model_dir, result.mean_reward, result.n)
     summary = {"agent": agent, "model_dir": str(model_dir), "n": result.n, "mean_reward": result.mean_reward,
                "parsed_fraction": result.parsed_fraction}

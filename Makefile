@@ -9,6 +9,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.flexmarl-installed
+# A run directory holds one run: a second `make run` needs RUN_DIR=runs/other, or resume the first with
+# `.venv/bin/flexmarl train --resume runs/default`.
 RUN_DIR ?= runs/default
 PYTEST_ARGS ?=
 

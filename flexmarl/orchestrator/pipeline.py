@@ -35,7 +35,7 @@ from flexmarl.orchestrator.resume import StoredResult, StoredRollout, StoredStep
 from flexmarl.orchestrator.supervisor import Recovery, Supervisor
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
-from flexmarl.rollout.balancer import InterAgentBalancer, Move
+from flexmarl.rollout.balancer import InterAgentBalancer, Move, Replica, move_slot
 from flexmarl.rollout.episodes import Episode, EpisodeGraph, request_seed
 from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score
 from flexmarl.training import slot, snapshots
@@ -105,15 +105,6 @@ class PipelineResult:
         """Busy worker-seconds over total worker-seconds."""
         busy = sum(s.end - s.start for s in self.spans if not s.background)
         return busy / (len(self.workers) * self.wall_s) if self.wall_s > 0 else 0.0
-
-
-@dataclass
-class Replica:
-    """A rollout replica slot: one generation batch at a time on ``worker``, for ``agent`` (slots move)."""
-
-    agent: str
-    worker: str
-    busy: bool = False
 
 
 @dataclass
@@ -509,13 +500,7 @@ class PipelineRunner:
             if move is None:
                 return
             # the target's engine is resident on every rollout worker: the slot switches at once
-            idle = [r for r in self.replicas[move.source] if not r.busy]
-            rep = idle[self.balancer.slot_to_move([r.worker for r in idle],
-                                                  [r.worker for r in self.replicas[move.target]],
-                                                  self.outstanding_tokens)]
-            self.replicas[move.source].remove(rep)
-            rep.agent = move.target
-            self.replicas[move.target].append(rep)
+            move_slot(self.replicas, move, self.outstanding_tokens)
 
     def _on_generated(self, rep: Replica, batch: list, tokens: int, results: list) -> None:
         rep.busy = False

@@ -38,6 +38,7 @@ from distributed import Future
 from flexmarl.cluster.local import ClusterError
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import WeightSyncError
+from flexmarl.rollout.balancer import Replica
 from flexmarl.training import snapshots
 
 if TYPE_CHECKING:
@@ -322,8 +323,6 @@ class Supervisor:
         return list(self.cfg.agents) if self.cfg.rollout.load_balance else [agent]
 
     def _open_slots(self, worker: str) -> None:
-        from flexmarl.orchestrator.pipeline import Replica  # the pipeline imports this module
-
         r = self.runner
         waiting = self.pending_slots.get(worker, [])
         for agent in list(waiting):

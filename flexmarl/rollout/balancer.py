@@ -23,6 +23,15 @@ import math
 from dataclasses import dataclass, field
 
 
+@dataclass
+class Replica:
+    """A rollout replica slot: one generation batch at a time on ``worker``, for ``agent`` (slots move)."""
+
+    agent: str
+    worker: str
+    busy: bool = False
+
+
 @dataclass(frozen=True)
 class Move:
     """One replica slot moved from agent ``source`` to agent ``target`` at time ``at``."""
@@ -94,3 +103,14 @@ class InterAgentBalancer:
 
     def _cooling(self, last: dict[str, float], agent: str, now: float) -> bool:
         return agent in last and now - last[agent] < self.cooldown_s
+
+
+def move_slot(replicas: dict[str, list[Replica]], move: Move, outstanding: dict[str, int]) -> Replica:
+    """Carry out ``move`` on the slots held per agent; returns the slot that moved."""
+    idle = [r for r in replicas[move.source] if not r.busy]
+    rep = idle[InterAgentBalancer.slot_to_move([r.worker for r in idle], [r.worker for r in replicas[move.target]],
+                                               outstanding)]
+    replicas[move.source].remove(rep)
+    rep.agent = move.target
+    replicas[move.target].append(rep)
+    return rep

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flexmarl.orchestrator.policy import TASK_PRIORITY, SchedulePolicy, deal_slots, micro_batch_of
-from flexmarl.rollout.balancer import InterAgentBalancer, Move
+from flexmarl.rollout.balancer import InterAgentBalancer, Move, Replica, move_slot
 from flexmarl.sim.costmodel import Layout, SimPreset
 
 
@@ -78,15 +78,6 @@ class Worker:
     queue: list = field(default_factory=list)  # heap of (-priority, seq, Task)
     running: list[Task] = field(default_factory=list)
     resident: str | None = None  # the agent whose training state is on the devices
-
-
-@dataclass
-class Replica:
-    """A rollout replica slot: one generation batch at a time on ``worker``, for ``agent`` (slots move)."""
-
-    agent: str
-    worker: str
-    busy: bool = False
 
 
 @dataclass
@@ -542,13 +533,7 @@ class Simulation:
             if move is None:
                 self._balanced, self._balanced_at = key, self.now
                 return
-            idle = [r for r in self.replicas[move.source] if not r.busy]
-            rep = idle[self.balancer.slot_to_move([r.worker for r in idle],
-                                                  [r.worker for r in self.replicas[move.target]],
-                                                  self.outstanding_tokens)]
-            self.replicas[move.source].remove(rep)
-            rep.agent = move.target
-            self.replicas[move.target].append(rep)
+            move_slot(self.replicas, move, self.outstanding_tokens)
             self.idle[move.source] -= 1
             self.idle[move.target] += 1
             self.changed[move.target] += 1

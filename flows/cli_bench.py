@@ -37,12 +37,41 @@ def pipeline(
     console.print((out / "report.md").read_text(), markup=False)
 
 
+@bench_app.command("rollout")
+def rollout(
+    out: Annotated[Path, typer.Option(help="Output directory for bench_rollout.json and pictures.")],
+    repeats: Annotated[int, typer.Option(min=1, help="Runs of each way; the report gives medians.")] = 3,
+    workload: Annotated[str, typer.Option(help="Preset of the skewed workload.")] = "fan_out",
+    backend_model: Annotated[str, typer.Option(help="Model of the backend tokens/s figures.")] = "tiny-large",
+) -> None:
+    """Layered vs dependency-parallel sampling, with vs without inter-agent balancing, and each backend's
+    tokens/s, in one run."""
+    from flexmarl.bench.rollout_bench import bench_rollout
+
+    report = bench_rollout(out_dir=out, workload=workload, repeats=repeats, backend_model=backend_model,
+                           log=console.print)
+    dp, lb = report["dependency_parallel"], report["balancing"]
+    table = Table(title=f"rollout of {report['episodes']} episodes ({report['tokens']} tokens), median of {repeats}")
+    for col in ("way", "wall s", "speedup"):
+        table.add_column(col)
+    table.add_row("layered", f"{dp['layered_s']:.2f}", "")
+    table.add_row("dependency-parallel", f"{dp['dependency_s']:.2f}", f"{dp['speedup']:.2f}x vs layered")
+    table.add_row("without balancing", f"{lb['without_lb']['wall_s']:.2f}", "")
+    table.add_row("with balancing", f"{lb['with_lb']['wall_s']:.2f}",
+                  f"{lb['speedup']:.2f}x, {lb['with_lb']['capacity_moves']} slot moves")
+    console.print(table)
+    for name, b in report["backends"].items():
+        console.print(f"{name}: " + (f"{b['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in b else b["unavailable"]))
+    console.print(f"report: {out / 'bench_rollout.json'}")
+
+
 @bench_app.command("swap")
 def swap(
     out: Annotated[Path, typer.Option(help="Output directory for bench_swap.json.")],
     models: Annotated[str, typer.Option(help="Comma-separated model settings.")] = "tiny,smollm2-135m-instruct",
 ) -> None:
-    """Time moving an agent's whole training state device <-> host <-> disk, and check it is bit-exact."""
+    """Time moving an agent's whole training state device <-> host <-> disk <-> object store, and check it
+    is bit-exact."""
     from flexmarl.bench.swap_bench import bench_swap
 
     report = bench_swap([m.strip() for m in models.split(",") if m.strip()], log=console.print)
@@ -52,7 +81,9 @@ def swap(
         console.print(
             f"{model}: {r['state_bytes'] / 1e6:.1f} MB, to host {r['to_host_gb_per_s']:.2f} GB/s, "
             f"to device {r['to_device_gb_per_s']:.2f} GB/s, to disk {r['to_disk_gb_per_s']:.2f} GB/s, "
-            f"from disk {r['from_disk_gb_per_s']:.2f} GB/s, bit exact {r['bit_exact']} ({r['device']})"
+            f"from disk {r['from_disk_gb_per_s']:.2f} GB/s, to/from {r['object_store']} object store "
+            f"{r['to_object_store_gb_per_s']:.2f}/{r['from_object_store_gb_per_s']:.2f} GB/s, "
+            f"bit exact {r['bit_exact']} ({r['device']}{', pinned' if r['pinned'] else ''})"
         )
 
 
@@ -80,6 +111,35 @@ def bench_store(
                       str(r["p50_ms"]), str(r["p99_ms"]), str(a["final_files"]))
     console.print(table)
     console.print(f"report: {path}")
+
+
+@bench_app.command("chaos")
+def chaos(
+    out: Annotated[Path, typer.Option(help="Output directory for chaos.json and the runs' directories.")],
+    preset: Annotated[str, typer.Option(help="Workload preset.")] = "tiny",
+    faults: Annotated[int, typer.Option(min=1, help="Faults to inject, one run each.")] = 6,
+    seed: Annotated[int, typer.Option(help="Draws the kinds of fault and where they strike.")] = 0,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
+) -> None:
+    """Inject real faults (killed and frozen workers, a killed driver) into tiny runs; check none lost a sample."""
+    from flexmarl.bench.chaos_bench import bench_chaos
+    from flexmarl.config import ConfigError
+
+    try:
+        report = bench_chaos(out_dir=out, preset=preset, faults=faults, seed=seed, overrides=set_ or [],
+                             log=console.print)
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc))
+    table = Table(title=f"chaos: {report['faults_injected']} faults, {report['runs_completed']} runs completed")
+    for col in ("fault", "at", "recovered s", "lost", "duplicated", "skipped", "max weight diff", "verify"):
+        table.add_column(col)
+    for r in report["runs"]:
+        recovered = "-" if r["recovered_s"] is None else f"{r['recovered_s']:.2f}"
+        table.add_row(r["kind"], r["at"], recovered, str(r["samples_lost"]),
+                      str(r["samples_duplicated"] + r["samples_unplanned"]), str(r["prompts_skipped"]),
+                      f"{r['max_weight_diff']:.1e}", str(r["verify_violations"] or "ok"))
+    console.print(table)
+    console.print(f"weights_match_uninterrupted: {report['weights_match_uninterrupted']}; report: {out / 'chaos.json'}")
 
 
 def train_with_flow(config_file: Path, run_dir: Path, address: str) -> dict:

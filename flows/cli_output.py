@@ -12,6 +12,7 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> None:
     """Print an error and exit with ``code``."""
-    # escape: messages quote YAML such as "[solver, verifier]", which rich would read as markup
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    # escape: messages quote YAML such as "[solver, verifier]", which rich would read as markup; soft_wrap:
+    # a long path stays whole on one line, so that it can be copied
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=code)

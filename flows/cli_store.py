@@ -1,4 +1,4 @@
-"""`flexmarl store ...`: inspect, verify and export a run's experience store."""
+"""`flexmarl store ...`: inspect, verify, query and export a run's experience store."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from flows.cli_output import console, fail
 
-store_app = typer.Typer(help="Inspect, verify and export a run's experience store.", no_args_is_help=True)
+store_app = typer.Typer(help="Inspect, verify, query and export a run's experience store.", no_args_is_help=True)
 
 RunDir = Annotated[Path, typer.Argument(help="Run directory (or a store root).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
@@ -118,3 +119,64 @@ def store_export(
         fail(str(exc))
     which = "" if version is None else f" of policy version {version}"
     console.print(f"wrote {result.rows} {agent} samples{which} (Delta version {result.version}) to {out}")
+
+
+@store_app.command("query")
+def store_query(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (its config names each agent's tokenizer).")],
+    agent: Annotated[Optional[str], typer.Option(help="Whose samples.")] = None,
+    version: Annotated[Optional[int], typer.Option(help="Only samples of this policy version.")] = None,
+    where: Annotated[Optional[str], typer.Option(help="Filter, e.g. \"reward > 0 and node == 'solver'\".")] = None,
+    limit: Annotated[int, typer.Option(min=0, help="At most this many samples; 0 for all.")] = 20,
+    format: Annotated[str, typer.Option("--format", help="table or jsonl.")] = "table",
+    episode: Annotated[Optional[str], typer.Option(help="Show one whole episode, every agent in graph order.")] = None,
+) -> None:
+    """Samples with their prompt and response decoded to text: an agent's (filtered), or one episode's."""
+    from flexmarl.report.transcripts import decode_samples
+    from flexmarl.run_directory import RunDirectory, RunDirectoryError
+    from storage.predicate import PredicateError
+    from storage.query import episode_record, episode_samples, query_samples
+    from storage.store import StoreError
+
+    if format not in ("table", "jsonl"):
+        fail(f"--format must be table or jsonl, got {format!r}")
+    if (agent is None) == (episode is None):
+        fail("give --agent A (with optional --version, --where, --limit) or --episode ID, exactly one")
+    if episode is not None and (version is not None or where is not None):
+        fail("--version and --where select an agent's samples; --episode shows the whole episode")
+    try:
+        run = RunDirectory(run_dir)
+        if episode is not None:
+            rows = episode_samples(run.store, episode)
+            record = episode_record(run.store, episode)
+        else:
+            run.check_agent(agent)
+            rows = query_samples(run.store, agent, where=where, policy_version=version, limit=limit or None)
+            record = None
+        tokenizers = {a: run.tokenizer(a) for a in set(rows["agent"].to_pylist())}
+    except (RunDirectoryError, StoreError, PredicateError) as exc:
+        fail(str(exc))
+    samples = decode_samples(rows, tokenizers)
+    if format == "jsonl":
+        for item in samples:
+            sys.stdout.write(json.dumps(item, ensure_ascii=False) + "\n")
+        return
+    if record is not None:
+        rewards = ", ".join(f"{k} {v:.2f}" for k, v in record["rewards"]) or "none"
+        console.print(f"episode [bold]{episode}[/]: step {record['step']}, outcome {record['outcome']}, "
+                      f"rewards: {rewards}", highlight=False)
+        console.print(f"task: {json.dumps(record['task'].get('fields', record['task']), ensure_ascii=False)}",
+                      markup=False, highlight=False)
+    what = f"episode {episode}" if episode else f"{agent} samples" + (f" of v{version}" if version is not None else "")
+    table = Table(title=f"{len(samples)} {what}" + (f" where {where}" if where else ""), show_lines=True,
+                  expand=True)
+    # the texts get most of the width; ids and numbers fold when the terminal is narrow
+    for col, ratio in (("sample", 2), ("node", 1), ("v", None), ("reward", None), ("parsed", 1), ("prompt", 4),
+                       ("response", 4)):
+        table.add_column(col, overflow="fold", ratio=ratio)
+    for s in samples:
+        reward = "-" if s["reward"] is None else f"{s['reward']:.3g}"
+        table.add_row(s["sample_id"], s["node"], str(s["policy_version"]), reward, str(s["parsed"]),
+                      escape(s["prompt"]), escape(s["response"]) + f"\n[dim]({s['response_tokens']} tokens, "
+                      f"{s['finish_reason']})[/]")
+    console.print(table)

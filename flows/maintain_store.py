@@ -10,18 +10,21 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from flows.waiting import wait_for
 from storage.store import UPDATES, ExperienceStore
 from tasks.maintenance import maintain_table
 
 
 @flow(name="flexmarl-maintain-store", log_prints=True)
-def maintain_store(store_uri: str, vacuum_retention_hours: float = 168) -> list[dict]:
+def maintain_store(store_uri: str, vacuum_retention_hours: float = 168, table_timeout_s: float = 3600) -> list[dict]:
     """Compact, checkpoint and vacuum every table of the store at ``store_uri``.
 
     Args:
         store_uri: the store root (a run directory's ``store/`` folder, or an object-store URI).
         vacuum_retention_hours: delete data files removed at least this long ago. Readers pinned to older
             versions fail afterwards; the default (one week) is also deltalake's minimum.
+        table_timeout_s: the flow fails, naming the table, when one table's maintenance (retries included)
+            takes longer.
 
     Returns:
         One row of metrics per table (also published as the ``store-maintenance`` table artifact).
@@ -31,7 +34,8 @@ def maintain_store(store_uri: str, vacuum_retention_hours: float = 168) -> list[
     store.version(UPDATES)  # fails at once, naming the problem, when store_uri is not a store
     tables = store.tables()
     futures = [maintain_table.submit(store_uri, table, vacuum_retention_hours) for table in tables]
-    rows = [f.result() for f in futures]
+    rows = [wait_for(f, f"maintenance of table {t!r}", table_timeout_s, "the table_timeout_s parameter")
+            for t, f in zip(tables, futures, strict=True)]
     create_table_artifact(rows, key="store-maintenance", description=f"Maintenance of the store {store_uri}")
     for r in rows:
         logger.info("%s: files %d -> %d, %d data files vacuumed", r["table"], r["files_before"], r["files_after"],

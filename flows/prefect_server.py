@@ -10,14 +10,16 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO
 
 import httpx
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
-from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
 
 
 class PrefectAPIError(RuntimeError):
@@ -31,13 +33,21 @@ def free_port() -> int:
 
 
 def check_api(url: str, *, timeout_s: float = 10.0) -> None:
+    """Fail within ``timeout_s`` unless the Prefect API at ``url`` answers its health check."""
     try:
         httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).raise_for_status()
     except httpx.HTTPError as exc:
+        reason = f"no answer within {timeout_s:.0f}s" if isinstance(exc, httpx.TimeoutException) else str(exc)
         raise PrefectAPIError(
-            f"the Prefect API at {url} does not answer ({exc}); start it with `prefect server start` "
+            f"the Prefect API at {url} does not answer ({reason}); start it with `prefect server start` "
             "or unset PREFECT_API_URL to let the run start its own"
         ) from None
+
+
+def server_command(port: int) -> list[str]:
+    """The command that starts the run's own Prefect server: on the loopback interface only (to serve other
+    hosts, start a server yourself and set PREFECT_API_URL)."""
+    return [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
 
 
 @contextmanager
@@ -51,35 +61,53 @@ def prefect_api(*, startup_timeout_s: float = 90.0) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )
-    try:
-        _wait_healthy(url, server, startup_timeout_s)
-        with temporary_settings({PREFECT_API_URL: url}):
-            try:
-                yield url
-            finally:
-                # send buffered logs and events while the server still runs; afterwards they would be
-                # retried against a dead server at interpreter exit
-                APILogWorker.drain_all(timeout=10)
-                EventsWorker.drain_all(timeout=10)
-    finally:
-        server.terminate()
+    # stderr goes to a file, not a pipe: a pipe nobody reads fills up during a long run and stalls the server
+    with tempfile.TemporaryFile() as stderr:
+        server = subprocess.Popen(
+            server_command(port), env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+        )
         try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+            _wait_healthy(url, server, stderr, startup_timeout_s)
+            with temporary_settings({PREFECT_API_URL: url}):
+                try:
+                    yield url
+                finally:
+                    # send buffered logs and events while the server still runs; afterwards they would be
+                    # retried against a dead server at interpreter exit
+                    APILogWorker.drain_all(timeout=10)
+                    EventsWorker.drain_all(timeout=10)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(timeout=15)
 
 
-def _wait_healthy(url: str, server: subprocess.Popen, timeout_s: float) -> None:
-    @retry(retry=retry_if_exception_type(PrefectAPIError), wait=wait_fixed(0.5), stop=stop_after_delay(timeout_s),
-           reraise=True)
+def _wait_healthy(url: str, server: subprocess.Popen, stderr: IO[bytes], timeout_s: float) -> None:
+    """Wait until the server started for the run answers; fail with its last output if it exits or stalls."""
+
+    def last_output() -> str:
+        stderr.seek(0)
+        return stderr.read().decode(errors="replace")[-2000:]
+
+    # retry while the server runs and does not answer yet; a server that exited is final
+    @retry(retry=retry_if_exception(lambda e: isinstance(e, PrefectAPIError) and server.poll() is None),
+           wait=wait_fixed(0.5), stop=stop_after_delay(timeout_s), reraise=True)
     def poll() -> None:
         if server.poll() is not None:
-            err = server.stderr.read().decode(errors="replace")[-2000:] if server.stderr else ""
-            raise RuntimeError(f"the local Prefect server exited with code {server.returncode}: {err}")
+            raise PrefectAPIError(
+                f"the local Prefect server exited with code {server.returncode} before it answered: {last_output()}"
+            )
         check_api(url, timeout_s=2.0)
 
-    poll()
+    try:
+        poll()
+    except PrefectAPIError as exc:
+        if server.poll() is not None:
+            raise
+        raise PrefectAPIError(
+            f"the local Prefect server at {url} did not answer within {timeout_s:.0f}s ({exc}); set PREFECT_API_URL "
+            f"to a running server (`prefect server start`). Its output: {last_output()}"
+        ) from None

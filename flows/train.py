@@ -4,6 +4,10 @@ Start it with ``flexmarl train``, from a deployment (``prefect deployment run 'f
 from the Prefect UI. The flow only orchestrates: each task makes one coarse engine call; generation
 batches and micro-batches run on Dask inside the pipeline, and every agent update it finishes appears as
 an ``agent-update`` task run with its metrics.
+
+``resume=RUN_DIR`` continues a run that crashed or was stopped, from its store and training-state snapshots.
+A Prefect retry of the flow run (``train_run.with_options(retries=2)``) resumes the same way: the first
+attempt's run directory, named from the flow run's scheduled start, is taken over by the next.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, dump_config, load_config
-from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+from flexmarl.orchestrator.runtime import RunContext, Runtime, attempts, prepare_run, resume_config
+from flexmarl.tracking.tracker import RunTracker
+from flows.waiting import wait_for
 from tasks.engines import save_checkpoint, start_engines
 from tasks.pipeline import run_pipeline
 from tasks.publish import publish_report, publish_update, set_progress, start_progress
@@ -34,14 +41,30 @@ def resolve_config(
     return load_config(config, preset=None if config else (preset or "default"), overrides=extra)
 
 
+def resume_overrides(overrides: list[str] | None, steps: int | None, dask_address: str | None) -> list[str]:
+    extra = list(overrides or [])
+    if steps is not None:
+        extra.append(f"train.steps={steps}")
+    if dask_address:
+        extra.append(f"cluster.address={dask_address}")
+    return extra
+
+
+def default_run_dir() -> str:
+    # the flow run's scheduled start, not the clock: a retry of the flow run finds the same directory
+    started = datetime.fromtimestamp(flow_run.scheduled_start_time.timestamp())
+    return str(Path("runs") / started.strftime("%Y%m%d-%H%M%S"))
+
+
 @flow(name="flexmarl-train", log_prints=True)
 def train_run(
-    preset: Literal["default", "tiny"] | None = None,
+    preset: Literal["default", "tiny"] | None = "default",
     config: str | None = None,
     steps: int | None = None,
     overrides: list[str] | None = None,
     run_dir: str | None = None,
     dask_address: str | None = None,
+    resume: str | None = None,
 ) -> dict:
     """Train every agent of a MEG with GRPO.
 
@@ -49,39 +72,64 @@ def train_run(
         preset: a shipped config, 'default' (SmolLM2-135M solver -> verifier on GSM-style problems) or
             'tiny' (a tiny model, for tests); used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
-        steps: optimizer steps per agent (overrides ``train.steps``).
+        steps: optimizer steps per agent (overrides ``train.steps``; default: the config's own).
         overrides: ``dotted.key=value`` settings, e.g. ``["training.lr=1e-5", "train.mode=sync"]``.
         run_dir: where the store, checkpoints and report go (default ``runs/<time>``).
         dask_address: an existing Dask scheduler; default starts a LocalCluster.
+        resume: the run directory of a run to continue; it takes the place of ``preset``, ``config`` and
+            ``run_dir`` (the run keeps its own config), while ``steps``, ``dask_address`` and overrides of the
+            settings a resumed run may change still apply.
 
     Returns:
         The run report (also written to ``RUN_DIR/report.json``).
     """
     logger = get_run_logger()
     t0 = time.perf_counter()
-    cfg = resolve_config(config, preset, overrides, steps, dask_address)
-    run_dir = run_dir or str(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
-    run_id, store_uri = prepare_run(cfg, run_dir)
-    logger.info("run %s in %s; resolved config:\n%s", run_id, Path(run_dir).resolve(), dump_config(cfg))
+    run_dir = resume or run_dir or default_run_dir()
+    # a retry of this flow run continues the run its earlier attempt started, never someone else's
+    retried = flow_run.run_count > 1 and any(by == flow_run.id for _, by in attempts(run_dir))
+    if resume or retried:
+        cfg = resume_config(run_dir, resume_overrides(overrides, steps, dask_address))
+    else:
+        cfg = resolve_config(config, preset, overrides, steps, dask_address)
+    run_id, store_uri = prepare_run(cfg, run_dir, resume=bool(resume or retried), started_by=flow_run.id)
+    what = "resuming run" if resume or retried else "run"
+    logger.info("%s %s in %s; resolved config:\n%s", what, run_id, Path(run_dir).resolve(), dump_config(cfg))
 
-    with open_cluster(cfg.cluster) as address:
+    tracker = RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg)  # checks before the cluster
+    with open_cluster(cfg.cluster) as address, tracker:
+        if tracker.enabled:
+            logger.info("tracking: %s", ", ".join(tracker.enabled))
         ctx = RunContext(run_id, str(Path(run_dir).resolve()), store_uri, address)
+        pipeline = None
         try:
             logger.info("engines: %s", start_engines(ctx))
             progress = start_progress()
             total = cfg.train.steps * len(cfg.agents)
+            done = sum(min(v, cfg.train.steps) for v in Runtime.get(ctx).versions.values())  # resumed: done before
+            events = Runtime.get(ctx).events
             pipeline = run_pipeline.submit(ctx)
-            # Each agent update the pipeline finishes shows up as its own task run, as it happens.
+            # The pipeline ends its events with None; so does this callback, should the task die first.
+            pipeline.add_done_callback(lambda _: events.put(None))
+            # Each agent update the pipeline finishes shows up as its own task run, as it happens, and goes
+            # to the experiment trackers from here, the driver.
             updates = []
-            for event in iter(Runtime.get(ctx).events.get, None):
+            for event in iter(events.get, None):
                 updates.append(publish_update(event))
-                set_progress(progress, len(updates), total)
-            result = pipeline.result()
+                tracker.log_update(event)
+                set_progress(progress, done + len(updates), total)
+            result = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
+                              "rollout.request_timeout_s")
             if cfg.train.save_checkpoints:
                 for agent in cfg.agents:
                     save_checkpoint(ctx, agent)
-            return publish_report(ctx, cfg, result, updates, time.perf_counter() - t0)
+            report = publish_report(ctx, cfg, result, updates, time.perf_counter() - t0)
+            tracker.log_report(report)
+            return report
         finally:
+            if pipeline is not None:  # a failed flow stops its pipeline before anything resumes the run
+                Runtime.get(ctx).stop()
+                pipeline.wait(timeout=cfg.rollout.request_timeout_s)
             Runtime.release(ctx)
 
 

@@ -168,8 +168,8 @@ class ExperienceStore:
             return DeltaTable(self.table_uri(table), version=version, storage_options=self.storage_options)
         except TableNotFoundError as exc:
             raise StoreError(
-                f"no Delta table {table!r} under {self.root}: is this a FlexMARL store "
-                "(a run directory's 'store/' folder)?"
+                f"no Delta table {table!r} under {self.root}: is this a FlexMARL store? Give a run directory or "
+                "its 'store/' folder"
             ) from exc
 
     def version(self, table: str) -> int:

@@ -106,7 +106,9 @@ def _read(store: ExperienceStore, table: str, columns: list[str]) -> tuple[pa.Ta
     except Exception as exc:  # deltalake raises several types for a damaged log
         version = _first_unloadable_version(store.table_uri(table))
         where = "the Delta log fails to load" + ("" if version is None else f" at version {version}")
-        return None, [Violation("unreadable", table, (), f"{where}: {error_summary(exc)}")]
+        fix = ("restore that commit file of _delta_log from a backup; earlier versions still read"
+               if version is not None else "restore the table's _delta_log from a backup")
+        return None, [Violation("unreadable", table, (), f"{where}: {error_summary(exc)}; {fix}")]
     try:
         # One chunk per column, so that list offsets (list_parent_indices) index rows of the whole table.
         return store.dataset(table, dt=dt).to_table(columns=columns).combine_chunks(), []

@@ -18,6 +18,10 @@ from flexmarl.config import RunConfig
 from flexmarl.orchestrator.pipeline import PipelineResult, UpdateEvent
 from flexmarl.orchestrator.report import build_report
 from flexmarl.orchestrator.runtime import RunContext
+from flexmarl.report.series import load_series
+from flexmarl.report.summary import agent_rows, render_summary
+from flexmarl.report.timeline_file import TIMELINE_FILE, write_timeline
+from flexmarl.run_directory import REPORT_FILE, RunDirectory
 
 
 def start_progress() -> UUID:
@@ -43,9 +47,10 @@ def publish_update(event: UpdateEvent) -> dict:
         **{k: round(v, 6) for k, v in event.metrics.items()},
     }
     reward = "-" if event.mean_reward is None else f"{event.mean_reward:.3f}"
+    skipped = " | SKIPPED (loss not finite, weights untouched; lower training.lr or check the rewards)"
     get_run_logger().info(
         "%s v%d | reward %s | %d samples | %d tokens | t=%.1fs%s", event.agent, event.policy_version, reward,
-        event.samples, event.tokens, event.finished_at, " | SKIPPED (loss not finite)" if event.skipped else "",
+        event.samples, event.tokens, event.finished_at, skipped if event.skipped else "",
     )
     return row
 
@@ -54,34 +59,17 @@ def publish_update(event: UpdateEvent) -> dict:
 def publish_report(
     ctx: RunContext, cfg: RunConfig, result: PipelineResult, updates: list[dict], wall_s: float
 ) -> dict:
-    """Write RUN_DIR/report.json and publish per-agent metrics as Prefect table and markdown artifacts."""
+    """Write RUN_DIR/report.json and timeline.json; publish the run summary (the same markdown as
+    ``flexmarl report``'s report.md, without pictures) and the per-agent metrics table as artifacts."""
     report = build_report(ctx, cfg, result, wall_s=wall_s)
-    Path(ctx.run_dir, "report.json").write_text(json.dumps(report, indent=2))
-    rows = [
-        {
-            "agent": agent,
-            "policy_version": a["policy_version"],
-            "updates": a["updates"],
-            "samples_generated": a["samples_generated"],
-            "samples_trained": a["samples_trained"],
-            "tokens_generated": a["tokens_generated"],
-            "mean_reward_last": a["mean_reward"][-1] if a["mean_reward"] else None,
-        }
-        for agent, a in report["agents"].items()
-    ]
-    create_table_artifact(rows, key="agent-metrics", description=f"Per-agent metrics of run {ctx.run_id}")
+    Path(ctx.run_dir, REPORT_FILE).write_text(json.dumps(report, indent=2))
+    write_timeline(result, Path(ctx.run_dir, TIMELINE_FILE))
+    run = RunDirectory(ctx.run_dir)
+    series = load_series(run, result)
+    create_table_artifact(agent_rows(run, series, report), key="agent-metrics",
+                          description=f"Per-agent metrics of run {ctx.run_id}")
     create_table_artifact(updates, key="agent-updates", description="Every agent update, in order")
-    lines = [
-        f"# FlexMARL run `{ctx.run_id}`",
-        "",
-        f"mode `{report['mode']}`, wall time {wall_s:.1f} s, worker utilisation {report['utilization']:.0%}, "
-        f"{report['tokens_per_s']:.0f} tokens/s, store `{ctx.store_uri}`",
-        "",
-        "| agent | version | samples trained | reward by step |",
-        "|---|---|---|---|",
-    ]
-    for agent, a in report["agents"].items():
-        rewards = " ".join("-" if r is None else f"{r:.2f}" for r in a["mean_reward"])
-        lines.append(f"| {agent} | {a['policy_version']} | {a['samples_trained']} | {rewards} |")
-    create_markdown_artifact("\n".join(lines), key="run-summary", description="Run summary")
+    summary = render_summary(run, series, report=report, timeline=result)
+    summary += f"\nPictures: `flexmarl report {ctx.run_dir}`\n"
+    create_markdown_artifact(summary, key="run-summary", description="Run summary")
     return report

@@ -36,3 +36,15 @@ def tiny_dir(model_cache: str):
     from flexmarl.models.loading import resolve_model
 
     return resolve_model("tiny")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``vllm`` run in .venv-vllm (``make test-vllm``); elsewhere they are skipped."""
+    from flexmarl.rollout.config import vllm_installed
+
+    if vllm_installed():
+        return
+    skip = pytest.mark.skip(reason="vllm not installed (make setup-vllm)")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)

@@ -1,4 +1,4 @@
-"""The timeline picture: one lane per worker, its rollout, training and sync time in colours."""
+"""The timeline picture: one lane per worker, its rollout, training, swap and sync time in colours."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ def draw_timeline(result: PipelineResult, path: Path, *, title: str) -> Path:
     lanes = {w: i for i, w in enumerate(result.workers)}
     fig, ax = plt.subplots(figsize=(10, 0.6 + 0.5 * len(lanes)))
     for span in result.spans:
-        ax.broken_barh([(span.start - result.start, span.end - span.start)], (lanes[span.worker] - 0.4, 0.8),
+        # background work (a state read ahead) is a thin bar just under the lane, beside the tasks it overlaps
+        y, height = (lanes[span.worker] - 0.52, 0.1) if span.background else (lanes[span.worker] - 0.4, 0.8)
+        ax.broken_barh([(span.start - result.start, span.end - span.start)], (y, height),
                        facecolors=COLOURS.get(span.kind, "#2196f3"), edgecolor="white", linewidth=0.3)
     ax.set_yticks(range(len(lanes)), [f"worker {i}" for i in range(len(lanes))])
     ax.set_xlim(0, result.wall_s)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from flexmarl.configbase import Strict
 
@@ -10,6 +10,10 @@ from flexmarl.configbase import Strict
 class ClusterConfig(Strict):
     address: str | None = None
     """Scheduler address of an existing Dask cluster (``tcp://host:8786``); null starts a LocalCluster."""
+    host: str = "127.0.0.1"
+    """Interface the LocalCluster's scheduler, workers and dashboard bind to. The default keeps them off the
+    network; another value (e.g. '0.0.0.0') lets other hosts reach a cluster whose protocol runs pickled
+    code, so only do that on a trusted network (docs/operations.md, Security)."""
     n_workers: int = Field(2, ge=1)
     """Worker processes of the LocalCluster."""
     threads_per_worker: int = Field(1, ge=1)
@@ -17,7 +21,12 @@ class ClusterConfig(Strict):
     memory_limit: str = "auto"
     """Per-worker memory limit of the LocalCluster (Dask syntax, e.g. '6GiB')."""
     connect_timeout_s: float = Field(60.0, gt=0)
-    """How long to wait for the scheduler and its workers."""
+    """How long to wait for the scheduler and its workers, for freeing a run's engines at its end, and for a live
+    worker to rebuild a lost worker's engines on, before the run fails."""
+    heartbeat_timeout_s: float = Field(60.0, gt=0)
+    """A worker whose heartbeat the scheduler has not seen for this long counts as hung (a frozen process or
+    host): its nanny kills it and the run rebuilds its replicas and trainers elsewhere. Judged only once the
+    worker has run a task of the run (a fresh worker importing torch may not heartbeat for many seconds)."""
     worker_resources: dict[str, float] = {}
     """Dask resources every LocalCluster worker offers (e.g. ``{GPU: 1}``); existing clusters declare their own
     (``dask worker --resources "GPU=1"``)."""
@@ -25,3 +34,21 @@ class ClusterConfig(Strict):
     """Only workers offering this Dask resource host rollout replicas (e.g. 'rollout' or 'GPU'); null: any."""
     train_resource: str | None = None
     """Only workers offering this Dask resource host trainers (e.g. 'train' or 'GPU'); null: any."""
+
+    @field_validator("address")
+    @classmethod
+    def _address_parses(cls, address: str | None) -> str | None:
+        if address is None:
+            return None
+        from distributed.comm import parse_address, parse_host_port  # distributed's own rules
+        from distributed.comm.registry import backends
+
+        try:
+            scheme, location = parse_address(address)
+            if scheme not in backends:
+                raise ValueError(f"unknown scheme {scheme!r}; known: {sorted(backends)}")
+            if scheme in ("tcp", "tls"):
+                parse_host_port(location)
+        except ValueError as exc:
+            raise ValueError(f"{address!r} is not a Dask scheduler address ({exc}); write it as tcp://host:8786")
+        return address

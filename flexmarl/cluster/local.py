@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from distributed import Client, Future, LocalCluster
+from distributed.comm import parse_address, parse_host_port
 
 from flexmarl.cluster.config import ClusterConfig
 
@@ -26,7 +28,7 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> Iterator[str]:
     """Yield a scheduler address: ``cfg.address`` after checking that it answers, or a LocalCluster's.
 
-    A LocalCluster started here binds to 127.0.0.1 and is closed on exit.
+    A LocalCluster started here binds to ``cfg.host`` (127.0.0.1) and is closed on exit.
     """
     if cfg.address:
         with connect(cfg.address, timeout_s=cfg.connect_timeout_s):
@@ -38,8 +40,8 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
             n_workers=cfg.n_workers,
             threads_per_worker=cfg.threads_per_worker,
             processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",  # never the shared default port 8787
+            host=cfg.host,  # scheduler and workers: 127.0.0.1 unless told otherwise
+            dashboard_address=f"{cfg.host}:0",  # never the shared default port 8787
             memory_limit=cfg.memory_limit,
             resources=cfg.worker_resources or None,
             env=worker_env({**(env or {}), "OMP_NUM_THREADS": str(cfg.threads_per_worker)}),
@@ -55,20 +57,47 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
 
 
 def connect(address: str, *, timeout_s: float, n_workers: int = 1) -> Client:
-    """A client of the scheduler at ``address`` with at least ``n_workers`` workers."""
+    """A client of the scheduler at ``address`` with at least ``n_workers`` workers, within ``timeout_s`` each.
+
+    Raises:
+        ClusterError: naming the address, the wait and the fix.
+    """
+    fix = "check cluster.address (--dask-address) or start the scheduler (`dask scheduler`)"
+    _probe(address, timeout_s, fix)
     try:
         client = Client(address, timeout=f"{timeout_s}s", set_as_default=False)
     except (OSError, TimeoutError) as exc:
         raise ClusterError(
-            f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({exc}); "
-            "check cluster.address or start the scheduler"
+            f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({exc}); {fix}"
+        ) from None
+    except Exception as exc:  # something answered, but not as a Dask scheduler does
+        raise ClusterError(
+            f"the service at {address} does not answer as a Dask scheduler ({type(exc).__name__}: {exc}); {fix}"
         ) from None
     try:
         client.wait_for_workers(n_workers, timeout=timeout_s)
     except TimeoutError:
         client.close()
-        raise ClusterError(f"the Dask scheduler at {address} has no workers after {timeout_s:.0f}s") from None
+        raise ClusterError(
+            f"the Dask scheduler at {address} has no workers after {timeout_s:.0f}s (cluster.connect_timeout_s); "
+            f"start workers with `dask worker {address}`"
+        ) from None
     return client
+
+
+def _probe(address: str, timeout_s: float, fix: str) -> None:
+    """Fail at once, before a Client exists, when nothing listens at a tcp:// address."""
+    scheme, location = parse_address(address)
+    if scheme != "tcp":
+        return
+    host, port = parse_host_port(location)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise ClusterError(
+            f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({reason}); {fix}"
+        ) from None
 
 
 def workers_offering(client: Client, resource: str | None, role: str) -> list[str]:

@@ -59,5 +59,7 @@ def release(prefix: str, dask_worker: Any = None) -> int:
     registry = engines() if dask_worker is None else getattr(dask_worker, "_flexmarl_engines", {})
     keys = [k for k in registry if k.startswith(prefix)]
     for k in keys:
-        del registry[k]
+        close = getattr(registry.pop(k), "close", None)
+        if callable(close):  # a trainer lets go of what the process-wide Accelerator holds for it
+            close()
     return len(keys)

@@ -34,6 +34,14 @@ from flexmarl.workloads.registry import PARSERS, REWARD_TASK_FIELDS, REWARDS
 NAME = r"^[a-z][a-z0-9_]{0,39}$"  # agent and node names become table and directory names
 
 
+def unregistered(kind: str, name: str, registry: dict) -> str:
+    """The error for a parser or reward that is not in the allow-list (a dotted path is never imported)."""
+    return (
+        f"unknown {kind} {name!r}{did_you_mean(name, list(registry))}; known: {sorted(registry)}. A config names "
+        f"only registered {kind}s, never import paths: to add one, list it in flexmarl/workloads/registry.py"
+    )
+
+
 class SamplingConfig(Strict):
     max_new_tokens: int = Field(64, ge=1, le=8192)
     """Longest response, in tokens."""
@@ -69,14 +77,14 @@ class AgentSpec(Strict):
     @classmethod
     def _parser_registered(cls, parser: str) -> str:
         if parser not in PARSERS:
-            raise ValueError(f"unknown parser {parser!r}{did_you_mean(parser, list(PARSERS))}; known: {sorted(PARSERS)}")
+            raise ValueError(unregistered("parser", parser, PARSERS))
         return parser
 
     @field_validator("reward")
     @classmethod
     def _reward_registered(cls, reward: str) -> str:
         if reward not in REWARDS:
-            raise ValueError(f"unknown reward {reward!r}{did_you_mean(reward, list(REWARDS))}; known: {sorted(REWARDS)}")
+            raise ValueError(unregistered("reward", reward, REWARDS))
         return reward
 
     def template_fields(self) -> set[str]:
@@ -180,12 +188,16 @@ class MEGSpec(Strict):
     def _check_agents(self) -> MEGSpec:
         for node in self.graph.nodes:
             if node.agent not in self.agents:
+                hint = did_you_mean(node.agent, list(self.agents))
                 raise ValueError(
-                    f"node {node.name!r} uses unknown agent {node.agent!r}; agents are {sorted(self.agents)}"
+                    f"node {node.name!r} uses unknown agent {node.agent!r}{hint}; agents are {sorted(self.agents)}: "
+                    "declare it under agents, or fix the node's agent"
                 )
         unused = sorted(set(self.agents) - {n.agent for n in self.graph.nodes})
         if unused:
-            raise ValueError(f"agents {unused} are declared but no graph node uses them")
+            raise ValueError(
+                f"agents {unused} are declared but no graph node uses them; remove them or add a node to graph.nodes"
+            )
         return self
 
     def check_templates(self, task_fields: set[str]) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from flexmarl.models import tiny
@@ -30,6 +30,7 @@ from flexmarl.models import tiny
 SMOLLM2 = "smollm2-135m-instruct"
 BUILTIN_MODELS = (*tiny.SIZES, SMOLLM2)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}  # torch.save files: loading them runs pickle
 
 hf_logging.disable_progress_bar()  # per-shard bars would flood the logs of every worker
 
@@ -58,7 +59,17 @@ def check_model_setting(model: str) -> None:
             "a local Hugging Face model directory or a local .gguf file"
         )
     if path.is_dir() and not (path / "config.json").exists():
-        raise ModelError(f"model directory {model!r} has no config.json: is it a Hugging Face model directory?")
+        raise ModelError(
+            f"model directory {model!r} has no config.json: give a Hugging Face model directory (written by "
+            f"save_pretrained) or one of {list(BUILTIN_MODELS)}"
+        )
+    if path.is_dir() and not any(path.glob("*.safetensors")):
+        pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        what = f"only pickled weights ({', '.join(pickled)}), which FlexMARL never loads" if pickled else "no weights"
+        raise ModelError(
+            f"model directory {model!r} holds {what}; it needs safetensors weights: convert a model you trust once "
+            "with `AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`"
+        )
     if path.is_file() and path.suffix != ".gguf":
         raise ModelError(f"model file {model!r} is not a .gguf file; give a model directory or a .gguf file")
 
@@ -110,7 +121,7 @@ def _convert_gguf(directory: Path, filename: str, out: Path) -> None:
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     tok.padding_side = "left"  # generation batches are left-padded
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -125,16 +136,52 @@ _LOAD_LOCK = threading.Lock()
 def load_model(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     try:
         with _LOAD_LOCK:
-            return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+            # safetensors only: a pickled checkpoint (pytorch_model.bin) could run code when loaded
+            return AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False
+            )
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
+
+
+def state_reference(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The names, shapes and dtypes of the state dict ``load_model`` would give, as meta tensors (no weights).
+
+    What a weight update for this model must match, for backends that do not hold a transformers model.
+    """
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read a model config from {model_dir}: {exc}") from exc
+    with _LOAD_LOCK, torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).state_dict()
 
 
 def check_tokenizer_matches(model: PreTrainedModel, tok: PreTrainedTokenizerBase, model_dir: Path) -> None:
     """A tokenizer with ids beyond the model's embedding table would crash generation later."""
     vocab = model.get_input_embeddings().weight.shape[0]
     if len(tok) > vocab:
-        raise ModelError(
-            f"tokenizer in {model_dir} has {len(tok)} tokens but the model's embedding table has {vocab}: "
-            "the tokenizer does not belong to this model"
-        )
+        raise ModelError(_mismatch(Path(model_dir), len(tok), vocab))
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Before a run: the directory's tokenizer fits its model's embedding table (reads no weights).
+
+    Raises:
+        ModelError: naming the tokenizer file and the model's config, with both sizes.
+    """
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    tok = load_tokenizer(model_dir)
+    if vocab is not None and len(tok) > vocab:
+        raise ModelError(_mismatch(Path(model_dir), len(tok), vocab))
+
+
+def _mismatch(model_dir: Path, tokens: int, vocab: int) -> str:
+    tok_file = next((model_dir / f for f in ("tokenizer.json", "tokenizer_config.json") if (model_dir / f).exists()),
+                    model_dir)
+    return (
+        f"the tokenizer {tok_file} has {tokens} tokens but the model {model_dir / 'config.json'} has an embedding "
+        f"table of {vocab} rows: the tokenizer does not belong to this model; copy the model's own tokenizer "
+        "files into its directory (tokenizer.save_pretrained)"
+    )

@@ -31,3 +31,8 @@ class TrainLoopConfig(Strict):
     """Seeds model building, sampling and the task order."""
     save_checkpoints: bool = True
     """Save each agent's final weights under RUN_DIR/checkpoints/<agent>/v<version>."""
+    save_state: bool = True
+    """Write each agent's whole training state (weights, Adam moments, version, RNG) after every update, to
+    <training.state_uri>/by-version/<agent>/v<version> (default RUN_DIR/state/...; the last two are kept).
+    It is the cut that a lost trainer, a lost replica and ``flexmarl train --resume`` restart from; false saves
+    the writes, but then only a run still at version 0 can recover or resume."""

@@ -14,8 +14,13 @@ The modes differ only in the answers:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+# A worker runs one task at a time, the highest priority first: generation gates the episodes (and so every
+# agent's next batch), so it goes first; weight syncs next; training, swaps and optimizer steps fill the gaps.
+# A prefetch only starts a background read, so it goes before everything.
+TASK_PRIORITY = {"generate": 10, "sync": 5, "park": 5, "prefetch": 20}
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,7 @@ class SchedulePolicy:
     steps: int
     pipeline: bool  # train micro-batches while the rest of the batch is generated
     max_staleness: dict[str, int]  # per agent: how many versions behind a sample's generator may be
+    queue_depth: int = 2  # micro-batches of one agent queued on its training slot at once
 
     @property
     def layered(self) -> bool:
@@ -54,6 +60,36 @@ class SchedulePolicy:
             return all(step in done for done in complete.values())
         return self.pipeline or step in complete[agent]
 
+    def layer_open(self, layer: int, finished: Mapping[int, int], needed: Mapping[int, int]) -> bool:
+        """May a node of graph layer ``layer`` start? Layered (sync) rollout: every earlier layer is done.
+
+        ``finished[k]`` counts the step's finished (or skipped) nodes of layer ``k`` over all its episodes;
+        ``needed[k]`` is how many there are.
+        """
+        return not self.layered or all(finished.get(k, 0) == needed[k] for k in range(layer))
+
+    def training_due(
+        self, agent: str, step: int, complete: dict[str, set[int]], *, ready: bool, queued: int, all_trained: bool
+    ) -> str | None:
+        """What ``agent``'s trainer should do next for ``step``: "micro", "finish" or nothing (None).
+
+        "micro": train its oldest committed, unsubmitted micro-batch (``ready``). Up to ``queue_depth`` of them
+        wait on its slot (``queued``), so the slot never idles while the driver turns one around; gradients
+        sum in float64, so their order does not matter. "finish": the optimizer step, once the agent's whole
+        batch is committed and trained (``all_trained``).
+        """
+        if ready and queued < self.queue_depth and self.may_train(agent, step, complete):
+            return "micro"
+        if step in complete[agent] and all_trained:
+            return "finish"
+        return None
+
+    @staticmethod
+    def pick_slot(free: Sequence[str], *preferred: str | None) -> str:
+        """The training slot an agent binds: the first of ``preferred`` that is free (where its state was read
+        ahead, where it lives), else the first free one."""
+        return next((p for p in preferred if p in free), free[0])
+
     @staticmethod
     def pick_requests(waiting: Sequence[tuple[int, str]], limit: int) -> list[int]:
         """Indices of the waiting requests (step, request id) for one batch: oldest step first."""
@@ -75,3 +111,15 @@ def micro_batch_of(query_index: int, samples_per_query: int, micro_batch_size: i
     """Micro-batches are whole GRPO groups of consecutive queries: the same partition in every mode."""
     queries_per_micro = max(1, micro_batch_size // max(samples_per_query, 1))
     return query_index // queries_per_micro
+
+
+def deal_slots(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
+    """Replica slots as (worker, agent): slot i of every worker before slot i + 1, agents dealt in turn.
+
+    Every agent gets at least one slot, so a worker may hold more than ``per_worker`` when agents outnumber
+    the slots.
+    """
+    places = [w for _ in range(per_worker) for w in workers]
+    while len(places) < len(agents):
+        places += workers
+    return [(w, agents[i % len(agents)]) for i, w in enumerate(places)]

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 from flexmarl.config import RunConfig
 from flexmarl.orchestrator.pipeline import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext
-from storage.store import UPDATES, ExperienceStore
+from storage.store import EPISODES, UPDATES, ExperienceStore
 
 
 def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wall_s: float) -> dict:
@@ -20,10 +20,11 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
     worker_busy: dict[str, float] = defaultdict(float)
     for span in result.spans:
         busy[span.agent][span.kind] += span.end - span.start
-        worker_busy[span.worker] += span.end - span.start
+        if not span.background:  # a prefetch read overlaps the worker's tasks
+            worker_busy[span.worker] += span.end - span.start
     agents = {}
     for agent in cfg.agents:
-        samples = store.read_samples(agent, columns=["step", "reward", "response_ids"])
+        samples = store.read_samples(agent, columns=["step", "reward", "response_ids", "parsed"])
         mine = update_rows.filter(pc.field("agent") == agent)
         by_step: dict[int, list[float]] = defaultdict(list)
         for step, reward in zip(samples["step"].to_pylist(), samples["reward"].to_pylist(), strict=True):
@@ -36,6 +37,8 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
             "updates": mine.num_rows,
             "samples_generated": samples.num_rows,
             "samples_trained": sum(len(ids) for ids in mine["consumed_ids"].to_pylist()),
+            # outputs the agent's parser could not read (the built-in rewards give them 0)
+            "samples_unparsed": samples["parsed"].null_count,
             "tokens_generated": int(pc.sum(pc.list_value_length(samples["response_ids"])).as_py() or 0),
             # None for a step without rewarded samples (every episode failed)
             "mean_reward": [sum(by_step[s]) / len(by_step[s]) if by_step[s] else None for s in steps],
@@ -43,8 +46,11 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
             "skipped_updates": sum(u.skipped for u in events),
             "busy_s": dict(busy[agent]),
         }
+    outcomes = store.read(EPISODES, columns=["outcome"])["outcome"]
     return {
         "run_id": ctx.run_id,
+        # episodes whose reward function raised: recorded, not trained on, and the run went on
+        "episodes_failed": int(pc.sum(pc.equal(outcomes, "failed")).as_py() or 0),
         "mode": cfg.train.mode,
         "wall_s": wall_s,
         "pipeline_s": result.wall_s,
@@ -59,5 +65,13 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
         "store_read_s": result.store_read_s,
         "run_dir": ctx.run_dir,
         "store_uri": ctx.store_uri,
+        # this attempt: node outputs generated, and those replayed from the store (a resumed run)
+        "samples_generated": result.samples_generated,
+        "samples_reused": result.samples_reused,
+        "recoveries": [
+            {"workers": list(r.workers), "cause": r.cause,
+             "recovered_s": None if r.recovered_at is None else r.recovered_at - r.detected_at}
+            for r in result.recoveries
+        ],
         "agents": agents,
     }

@@ -1,14 +1,22 @@
 """The driver side of a run: lay out the run directory, start the engines on Dask, run the pipeline.
 
-``prepare_run`` lays out a run directory; a ``Runtime`` then starts each agent's rollout replicas and
-trainer on the Dask workers, runs the pipeline (``pipeline.py``) under the schedule the config asks for, and
-saves checkpoints. It is used by the Prefect flow and by the benchmarks alike, so both run the same engine.
+``prepare_run`` lays out a run directory (or reopens one to resume it); a ``Runtime`` then starts each
+agent's rollout replicas and trainer on the Dask workers, runs the pipeline (``pipeline.py``) under the
+schedule the config asks for, and saves checkpoints. It is used by the Prefect flow and by the benchmarks
+alike, so both run the same engine.
+
+A resumed run is a run like any other: the store says each agent's version, its engines start from its
+training-state snapshot of that version, and the pipeline replays the samples already committed.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
+import threading
+import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -18,16 +26,22 @@ from distributed import Client, TimeoutError as DaskTimeoutError
 
 from flexmarl.cluster.local import connect, place, submit_on, workers_offering
 from flexmarl.cluster.worker_state import release
-from flexmarl.config import RunConfig, dump_config, load_config
-from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.config import ConfigError, RunConfig, dump_config, load_config
+from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
 from flexmarl.orchestrator.pipeline import PipelineResult, PipelineRunner, UpdateEvent
-from flexmarl.orchestrator.policy import SchedulePolicy
+from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
-from flexmarl.training import slot
+from flexmarl.training import slot, snapshots
 from flexmarl.workloads.datasets import TaskStream, load_tasks
-from storage.store import ExperienceStore
+from storage.store import ExperienceStore, error_summary
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
+ATTEMPTS_FILE = "attempts.txt"  # one line per start or resume of a run directory: its run id [and who started it]
+# What a resumed run may change: where and how patiently it runs, and how far. The rest made its samples.
+RESUMABLE = ("cluster.", "rollout.request_timeout_s", "rollout.sync_timeout_s", "train.steps",
+             "train.save_checkpoints")
 
 
 @dataclass(frozen=True)
@@ -40,23 +54,140 @@ class RunContext:
     address: str  # Dask scheduler
 
 
-def prepare_run(cfg: RunConfig, run_dir: str | Path) -> tuple[str, str]:
+class RunSetupError(RuntimeError):
+    """The run directory or the store cannot be written; the message names the path and the fix."""
+
+
+class RunDirError(RunSetupError):
+    """A new run in a directory that already holds one; the message names ``--resume`` as the fix."""
+
+
+def check_writable(path: Path, what: str, fix: str) -> None:
+    """Create ``path`` if needed and write (then remove) a probe file in it: refuse a run before it starts."""
+    probe = path / f".flexmarl-write-check-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise RunSetupError(f"cannot write {what} {path}: {exc.strerror or exc}; {fix}") from None
+
+
+def check_run_paths(cfg: RunConfig, run_dir: str | Path) -> str:
+    """Check that the run directory and a local store can be written; returns the store URI."""
+    run_path = Path(run_dir).resolve()
+    check_writable(run_path, "the run directory", "choose another --run-dir")
+    store_uri = cfg.store.uri or str(run_path / "store")
+    if "://" not in store_uri or store_uri.startswith("file://"):
+        check_writable(Path(store_uri.removeprefix("file://")).resolve(), "the store",
+                       "set store.uri to a writable directory (or leave it null: RUN_DIR/store)")
+    return store_uri
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """What config validation cannot see: each tokenizer fits its model, every line of a JSONL data file parses.
+
+    Builds or converts each model once (cached), before the workers load it.
+
+    Raises:
+        ModelError: a tokenizer larger than its model's embedding table (both files named).
+        DataError: a data line that does not parse (file and line named).
+    """
+    for agent in cfg.agents.values():
+        check_model_dir(resolve_model(agent.model, seed=cfg.train.seed))
+    if cfg.data.source() == "jsonl":
+        load_tasks(cfg.data)
+
+
+def check_new_run_dir(run_dir: str | Path) -> None:
+    """Refuse to start a run in a directory that holds one: its sample ids would repeat the old run's."""
+    if (Path(run_dir) / CONFIG_FILE).exists():
+        raise RunDirError(
+            f"{Path(run_dir).resolve()} already holds a run: continue it with `flexmarl train --resume {run_dir}`, "
+            "or choose another --run-dir"
+        )
+
+
+def prepare_run(
+    cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, started_by: str | None = None
+) -> tuple[str, str]:
     """Create the run directory and the store, and write the resolved config. Returns (run_id, store_uri).
 
-    Refuses, before anything runs, a run directory or store that cannot be written.
+    Refuses, before anything is written or started, a run directory or store that cannot be written, a
+    model whose tokenizer does not fit it, a data file with a bad line, and a directory that already holds a
+    run unless ``resume`` (its config then comes from ``resume_config``). ``started_by`` (a Prefect flow run
+    id) is recorded with the attempt, so that a retry of that flow run can find its run.
     """
     run_path = Path(run_dir).resolve()
-    try:
-        run_path.mkdir(parents=True, exist_ok=True)
-        (run_path / CONFIG_FILE).write_text(dump_config(cfg))
-    except OSError as exc:
-        raise PermissionError(f"cannot write the run directory {run_path}: {exc.strerror}; choose another --run-dir") from None
-    store_uri = cfg.store.uri or str(run_path / "store")
+    store_uri = check_run_paths(cfg, run_path)
+    check_inputs(cfg)
+    if not resume:
+        check_new_run_dir(run_dir)
+    run_id = f"{run_path.name}-{uuid.uuid4().hex[:8]}"
+    (run_path / CONFIG_FILE).write_text(dump_config(cfg))
+    with (run_path / ATTEMPTS_FILE).open("a") as attempts_file:
+        attempts_file.write(f"{run_id}\t{started_by}\n" if started_by else f"{run_id}\n")
     store = ExperienceStore.from_config(store_uri, cfg.store)
-    store.create(cfg.agents)
-    for agent in cfg.agents.values():  # build or convert each model once, before the workers load it
-        resolve_model(agent.model, seed=cfg.train.seed)
-    return f"{run_path.name}-{uuid.uuid4().hex[:8]}", store_uri
+    try:
+        store.create(cfg.agents)
+    except Exception as exc:  # deltalake raises several types (object stores, permissions)
+        raise RunSetupError(
+            f"cannot create the store's tables under {store_uri}: {error_summary(exc)}; check store.uri and "
+            "store.storage_options"
+        ) from exc
+    return run_id, store_uri
+
+
+def attempts(run_dir: str | Path) -> list[tuple[str, str | None]]:
+    """Every start and resume of the run in ``run_dir``: (run id, who started it or None), oldest first."""
+    path = Path(run_dir) / ATTEMPTS_FILE
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = [line.split("\t") for line in lines if line.strip()]
+    return [(row[0], row[1] if len(row) > 1 else None) for row in rows]
+
+
+def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """The config of the run in ``run_dir``, with overrides that change only what a resumed run may change
+    (``RESUMABLE``); an override that repeats the run's own value is no change (a Prefect retry repeats them).
+
+    Raises:
+        ConfigError: no run in ``run_dir``, or an override of a setting its samples were made under.
+    """
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} holds no run to resume (no {CONFIG_FILE}); pass the run directory of a run "
+                          "that was started with `flexmarl train --run-dir`")
+    stored, cfg = load_config(path), load_config(path, overrides=overrides)
+    before, after = _flatten(stored.model_dump(mode="json")), _flatten(cfg.model_dump(mode="json"))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    refused = [k for k in changed if not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]
+    if refused:
+        allowed = ", ".join(r + "*" if r.endswith(".") else r for r in RESUMABLE)
+        raise ConfigError(
+            f"cannot change {', '.join(refused)} when resuming: the samples in the store were made under the "
+            f"run's own settings. A resumed run may change only {allowed}"
+        )
+    return cfg
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def training_slots(slots: int | None, train_workers: list[str]) -> list[str]:
+    """The training workers that serve as slots: the first ``slots`` of them (all when None)."""
+    if slots is not None and slots > len(train_workers):
+        raise ValueError(
+            f"training.slots={slots} but only {len(train_workers)} training worker(s) exist; lower training.slots "
+            "(null: one slot per training worker) or start more workers"
+        )
+    return train_workers[:slots]
 
 
 def schedule_policy(cfg: RunConfig) -> SchedulePolicy:
@@ -98,56 +229,92 @@ class Runtime:
         cluster = self.cfg.cluster
         rollout_workers = workers_offering(self.client, cluster.rollout_resource, "rollout")
         train_workers = workers_offering(self.client, cluster.train_resource, "training")
-        slots = self.cfg.training.slots
-        if slots is not None and slots > len(train_workers):
-            raise ValueError(f"training.slots={slots} but only {len(train_workers)} training workers exist")
         # Agents start on the training slots round-robin and bind a free slot whenever they have work (M <= N
-        # is fine; a slot swaps states on and off its device). With load balancing every rollout worker holds
-        # a replica of every agent; otherwise the agent has one replica, placed round-robin.
-        self.slots = train_workers[:slots]
+        # is fine; a slot swaps states on and off its device). Rollout replica slots are dealt round-robin
+        # too; with load balancing every rollout worker holds an engine of every agent so that slots can move.
+        self.slots = training_slots(self.cfg.training.slots, train_workers)
         self.trainers = place(list(self.cfg.agents), self.slots)
-        self.replicas = (
-            {a: list(rollout_workers) for a in self.cfg.agents}
-            if self.cfg.rollout.load_balance
-            else {a: [w] for a, w in place(list(self.cfg.agents), rollout_workers).items()}
-        )
+        self.rollout_slots = deal_slots(list(self.cfg.agents), rollout_workers, self.cfg.rollout.slots_per_worker)
+        self.engines = {
+            a: list(rollout_workers) if self.cfg.rollout.load_balance
+            else sorted({w for w, agent in self.rollout_slots if agent == a})
+            for a in self.cfg.agents
+        }
         self.versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
         self.tasks = TaskStream(load_tasks(self.cfg.data), seed=self.cfg.data.seed)
         self.timeout_s = self.cfg.rollout.request_timeout_s
         self.events: queue.Queue[UpdateEvent | None] = queue.Queue()
+        self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / "state")).rstrip("/")
+        self.snapshot_root = f"{self.state_uri}/{snapshots.SNAPSHOTS}" if self.cfg.train.save_state else None
+        self.stop_requested = threading.Event()
 
     def key(self, agent: str) -> str:
         return f"{self.ctx.run_id}/{agent}"
 
     def _wait(self, futures: list, what: str) -> list:
+        """The futures' results, all within one ``rollout.request_timeout_s`` from now."""
+        deadline = time.monotonic() + self.timeout_s
         try:
-            return [f.result(timeout=self.timeout_s) for f in futures]
+            return [f.result(timeout=max(deadline - time.monotonic(), 0.0)) for f in futures]
         except (TimeoutError, DaskTimeoutError):
-            raise TimeoutError(f"{what} did not finish within {self.timeout_s:.0f}s") from None
+            raise TimeoutError(
+                f"{what} did not finish within {self.timeout_s:.0f}s (rollout.request_timeout_s); check the Dask "
+                "workers' logs, or raise the timeout for large models"
+            ) from None
 
     def start_engines(self) -> dict[str, dict]:
-        """Load every agent's replicas and trainer on their workers. Returns the placement."""
+        """Load every agent's replicas and trainer on their workers. Returns the placement.
+
+        An agent past version 0 (a resumed run) starts from its training-state snapshot of that version.
+        """
+        self._release_earlier_attempts()
+        options = self.cfg.training.state_storage_options
         futures = []
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
-            for worker in self.replicas[agent]:
-                futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
-                                         version))
-            futures.append(submit_on(
-                self.client, self.trainers[agent], slot.start_trainer, self.key(agent), model_dir,
-                self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens, version,
-            ))
+            trainer_args = (self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens)
+            snapshot = snapshots.require_snapshot(self.snapshot_root, agent, version, options)
+            for worker in self.engines[agent]:
+                if snapshot is None:
+                    futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
+                                             version, self.cfg.rollout))
+                else:
+                    futures.append(submit_on(self.client, worker, replica.restart_replica, self.key(agent),
+                                             model_dir, version, self.cfg.rollout, snapshots.weights_uri(snapshot),
+                                             options))
+            if snapshot is None:
+                futures.append(submit_on(self.client, self.trainers[agent], slot.start_trainer, self.key(agent),
+                                         model_dir, *trainer_args, version))
+            else:
+                futures.append(submit_on(self.client, self.trainers[agent], snapshots.restore_trainer,
+                                         self.key(agent), model_dir, *trainer_args, snapshot, version, options))
         self._wait(futures, "starting the engines")
-        return {a: {"trainer": self.trainers[a], "replicas": self.replicas[a]} for a in self.cfg.agents}
+        return {a: {"trainer": self.trainers[a], "engines": self.engines[a],
+                    "slots": [w for w, x in self.rollout_slots if x == a]} for a in self.cfg.agents}
 
-    def run(self) -> PipelineResult:
-        """Run every agent's updates under the configured schedule; each update is also put on ``events``."""
+    def _release_earlier_attempts(self) -> None:
+        """Free engines that earlier attempts of this run directory left on a cluster that outlived them."""
+        for run_id, _ in attempts(self.ctx.run_dir):
+            if run_id != self.ctx.run_id:
+                for kind in ("replica", "trainer", "prefetch"):
+                    self.client.run(release, f"{kind}:{run_id}/")
+
+    def run(
+        self, *, train: bool = True, on_submit: Callable[[str, str, str], None] | None = None
+    ) -> PipelineResult:
+        """Run every agent's updates under the configured schedule; each update is also put on ``events``.
+
+        ``train=False`` only samples (and commits) the steps' episodes: the rollout benchmark. ``on_submit`` is
+        called with (kind, agent, worker) after each task the pipeline submits (fault injection).
+        """
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
-            run_key=self.ctx.run_id, tokenizers=self.tokenizers, replicas=self.replicas, trainers=self.trainers,
-            slots=self.slots, model_dirs=self.model_dirs, state_dir=Path(self.ctx.run_dir) / "state",
-            versions=self.versions, tasks=self.tasks, on_update=self.events.put,
+            run_key=self.ctx.run_id, tokenizers=self.tokenizers, engines=self.engines,
+            rollout_slots=self.rollout_slots, trainers=self.trainers, slots=self.slots, model_dirs=self.model_dirs,
+            state_uri=self.state_uri, versions=self.versions, tasks=self.tasks, on_update=self.events.put,
+            train=train, snapshot_root=self.snapshot_root if train else None, on_submit=on_submit,
         )
+        runner.stop_requested = self.stop_requested
         try:
             result = runner.run()
         finally:
@@ -155,6 +322,10 @@ class Runtime:
             self.trainers = dict(runner.location)  # agents may have moved between slots
         self.versions = dict(runner.versions)
         return result
+
+    def stop(self) -> None:
+        """Ask the pipeline to stop at its next turn (from another thread); the run can be resumed later."""
+        self.stop_requested.set()
 
     def weights(self, agent: str) -> dict[str, torch.Tensor]:
         """The agent's current trained weights (copied to this process)."""
@@ -168,9 +339,13 @@ class Runtime:
         return self._wait([fut], f"the checkpoint of agent {agent!r}")[0]
 
     def close(self) -> None:
-        """Free this run's engines on every worker, then disconnect."""
+        """Free this run's engines on every worker, then disconnect; bounded, and never masks a run's error."""
+        timeout = self.cfg.cluster.connect_timeout_s
         try:
-            self.client.run(release, f"replica:{self.ctx.run_id}/")
-            self.client.run(release, f"trainer:{self.ctx.run_id}/")
+            for kind in ("replica", "trainer", "prefetch"):  # prefetch: states read ahead but never resumed
+                prefix = f"{kind}:{self.ctx.run_id}/"
+                self.client.run(release, prefix, callback_timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
+            log.warning("could not free the engines of run %s within %.0fs: %s", self.ctx.run_id, timeout, exc)
         finally:
-            self.client.close()
+            self.client.close(timeout=timeout)

@@ -6,6 +6,7 @@ backends never see templates or text and the trainer can score exactly what was 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +40,31 @@ class WeightUpdate:
 
 class WeightSyncError(RuntimeError):
     """A weight update that was refused or did not arrive; names the agent, replica and version."""
+
+
+def check_update(update: WeightUpdate, reference: Mapping[str, torch.Tensor], current_version: int) -> None:
+    """Refuse an update whose names, shapes or dtypes differ from ``reference`` (the model's state dict).
+
+    Backends call this before any tensor reaches the model: a wrongly shaped tensor can kill a vLLM engine.
+    ``reference`` may hold meta tensors, since only shapes and dtypes are compared.
+
+    Raises:
+        WeightSyncError: naming the agent, the version and up to five problems.
+    """
+    problems = [f"missing {name}" for name in sorted(reference.keys() - update.state.keys())]
+    problems += [f"unexpected {name}" for name in sorted(update.state.keys() - reference.keys())]
+    for name, tensor in update.state.items():
+        expected = reference.get(name)
+        if expected is not None and (tensor.shape != expected.shape or tensor.dtype != expected.dtype):
+            problems.append(
+                f"{name}: got {tuple(tensor.shape)} {tensor.dtype}, expected {tuple(expected.shape)} {expected.dtype}"
+            )
+    if problems:
+        raise WeightSyncError(
+            f"weight update v{update.version} for agent {update.agent!r} does not match the replica's model "
+            f"({len(problems)} problems: {'; '.join(problems[:5])}); weights left at v{current_version}. The "
+            "trainer and the replicas of an agent must load the same model directory"
+        )
 
 
 class GenerationBackend(Protocol):

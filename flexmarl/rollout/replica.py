@@ -6,26 +6,43 @@ worker's engine registry under ``key`` (``"<run id>/<agent>"``), so several runs
 
 from __future__ import annotations
 
+import fsspec
 import torch
+from safetensors.torch import load as load_tensors
 
 from flexmarl.cluster.worker_state import engines, worker_address
-from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightSyncError, WeightUpdate
+from flexmarl.rollout.backend import (
+    GenerationBackend,
+    GenerationRequest,
+    GenerationResult,
+    WeightSyncError,
+    WeightUpdate,
+)
+from flexmarl.rollout.config import RolloutConfig
 from flexmarl.rollout.hf_backend import HFBackend
+from flexmarl.rollout.vllm_backend import VLLMBackend
 
 
 def _key(key: str) -> str:
     return f"replica:{key}"
 
 
-def start_replica(key: str, model_dir: str, version: int) -> str:
-    """Load the model on this worker (once) and return the worker's address."""
+def open_backend(model_dir: str, version: int, rollout: RolloutConfig) -> GenerationBackend:
+    """The backend ``rollout.backend`` names, loaded and ready to generate."""
+    if rollout.backend == "vllm":
+        return VLLMBackend(model_dir, version=version, settings=rollout.vllm).start()
+    return HFBackend(model_dir, version=version)
+
+
+def start_replica(key: str, model_dir: str, version: int, rollout: RolloutConfig | None = None) -> str:
+    """Load the model on this worker (once), with the backend of ``rollout`` (default: hf); returns the address."""
     registry = engines()
     if _key(key) not in registry:
-        registry[_key(key)] = HFBackend(model_dir, version=version)
+        registry[_key(key)] = open_backend(model_dir, version, rollout or RolloutConfig())
     return worker_address()
 
 
-def replica(key: str) -> HFBackend:
+def replica(key: str) -> GenerationBackend:
     try:
         return engines()[_key(key)]
     except KeyError:
@@ -48,3 +65,28 @@ def load_weights(key: str, version: int, state: dict[str, torch.Tensor]) -> int:
     except WeightSyncError as exc:
         raise WeightSyncError(f"replica on {worker_address()}: {exc}") from None
     return backend.version
+
+
+def read_weights(uri: str, storage_options: dict | None = None) -> dict[str, torch.Tensor]:
+    """Weights from a safetensors file at a path or fsspec URI (a training-state snapshot's weights file)."""
+    fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    return load_tensors(fs.cat_file(path))
+
+
+def restart_replica(
+    key: str, model_dir: str, version: int, rollout: RolloutConfig, weights_uri: str | None, storage_options: dict
+) -> str:
+    """Build ``key``'s replica afresh on this worker (replacing any) at ``version``: the weights of
+    ``weights_uri`` (a training-state snapshot's), or of ``model_dir`` at version 0. Returns the address."""
+    backend = open_backend(model_dir, 0, rollout)
+    if weights_uri is not None:
+        backend.update_weights(WeightUpdate(key, version, read_weights(weights_uri, storage_options)))
+    engines()[_key(key)] = backend
+    return worker_address()
+
+
+def load_weights_from(key: str, version: int, weights_uri: str, storage_options: dict) -> int:
+    """``load_weights`` from a training-state snapshot that every worker reaches, not from a trainer's memory."""
+    if version <= replica(key).version:
+        return replica(key).version
+    return load_weights(key, version, read_weights(weights_uri, storage_options))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import pyarrow as pa
@@ -14,6 +15,8 @@ from flexmarl.workloads.registry import REWARDS
 from flexmarl.workloads.rewards import RewardInput
 from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, SampleStatus
 from storage.store import now
+
+log = logging.getLogger(__name__)
 
 
 def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerConfig]) -> None:
@@ -29,18 +32,21 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
     for ep in episodes:
         parsed = {node: out.parsed for node, out in ep.outputs.items()}
         final = final_nodes(ep, spec)
-        try:
-            rewards = {
-                node: float(REWARDS[spec.agents[out.agent].reward](RewardInput(
+        rewards: dict[str, float] = {}
+        for node, out in ep.outputs.items():
+            reward_name = spec.agents[out.agent].reward
+            try:
+                rewards[node] = float(REWARDS[reward_name](RewardInput(
                     node, out.parsed, ep.task, parsed, [p for p in graph.parents(node) if p in ep.outputs], final,
                 )))
-                for node, out in ep.outputs.items()
-            }
-        except Exception as exc:  # noqa: BLE001 - user reward code: record and go on
-            ep.error = f"reward failed: {type(exc).__name__}: {exc}"
-            continue
-        for node, reward in rewards.items():
-            ep.outputs[node].reward = reward
+            except Exception as exc:  # noqa: BLE001 - reward code may fail on odd outputs: record and go on
+                ep.error = f"reward {reward_name!r} of node {node!r} failed: {type(exc).__name__}: {exc}"
+                log.warning("episode %s failed, the run goes on without its samples: %s; fix that reward function "
+                            "(flexmarl/workloads/rewards.py)", ep.episode_id, ep.error)
+                break
+        if ep.error is None:
+            for node, reward in rewards.items():
+                ep.outputs[node].reward = reward
 
     groups: dict[tuple[str, str], list] = defaultdict(list)
     for ep in episodes:

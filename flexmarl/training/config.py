@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from flexmarl.configbase import Strict
 
 
 class TrainerConfig(Strict):
+    RUN_WIDE: ClassVar[tuple[str, ...]] = ("slots", "mixed_precision", "state_uri", "state_storage_options")
+    """Fields an agent's own ``training`` block cannot override: they describe the slots, not the agent."""
+
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
     """How token losses are averaged over the agent's global batch:
     'grpo': mean over each response's tokens, then mean over responses (GRPO paper; a long answer weighs
@@ -29,8 +32,24 @@ class TrainerConfig(Strict):
     slots: int | None = Field(None, ge=1)
     """Training slots (workers that train) shared by all agents, M <= N allowed; null: one per training
     worker. Run-wide: an agent's own ``training`` cannot set it."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """Accelerate's mixed precision for every trainer: 'no' (float32) or 'bf16' (bfloat16 autocast, on CPU or
+    GPU). The master weights and the Adam moments stay float32, and so does what a state move carries.
+    'fp16' is refused: it needs a loss scale per agent, and accelerate keeps one loss scaler per process,
+    shared by every agent a worker trains. Run-wide: accelerate allows one configuration per process, so a
+    worker that trained one run cannot train another with a different value (restart the workers)."""
+    state_uri: str | None = None
+    """Where a training state is parked when its agent moves to a slot on another worker: a directory, or
+    an fsspec URI ('file:///shared/x', 's3://bucket/prefix'; 'memory://x' only when every worker is a
+    thread of one process). null: 'state/' in the run directory. Every worker must reach it. Run-wide."""
+    state_storage_options: dict[str, str] = {}
+    """fsspec storage options for ``state_uri`` (credentials, endpoint), e.g. {key: ..., secret: ...}."""
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear learning-rate warm-up, then constant (transformers'
+    'constant_with_warmup'): update k (from 0) uses lr * k / lr_warmup_steps, so the first update has lr 0.
+    0: constant lr from the first update. Its state moves with the agent's training state."""
     weight_decay: float = Field(0.0, ge=0)
     clip_eps: float = Field(0.2, gt=0)
     """PPO clip range of the probability ratio."""
@@ -42,3 +61,13 @@ class TrainerConfig(Strict):
     """Cap of the importance weight current/behaviour policy for stale samples (``max_staleness`` > 0)."""
     adv_eps: float = Field(1e-6, gt=0)
     """Added to the group's reward standard deviation when normalising advantages."""
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _no_fp16(cls, value: object) -> object:
+        if value == "fp16":
+            raise ValueError(
+                "'fp16' is not supported: it needs a loss scale per agent, and accelerate keeps one per process, "
+                "shared by every agent a worker trains; use 'bf16' (or 'no')"
+            )
+        return value

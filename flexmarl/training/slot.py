@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,13 +18,17 @@ import torch
 
 from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.state import load_state, move, save_state
+from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult
 from storage.store import ExperienceStore
 
 
 def _key(key: str) -> str:
     return f"trainer:{key}"
+
+
+def _prefetch_key(key: str) -> str:
+    return f"prefetch:{key}"
 
 
 def start_trainer(
@@ -58,31 +63,86 @@ def activate(key: str) -> float:
         return 0.0
     start = time.perf_counter()
     if holder is not None and _key(holder) in registry:
-        move(registry[_key(holder)], "host")
-    move(trainer(key), "device")
+        TrainingState.of(registry[_key(holder)]).to(HOST)
+    TrainingState.of(trainer(key)).to(DEVICE)
     registry["slot:on-device"] = key
     return time.perf_counter() - start
 
 
-def park(key: str, state_dir: str) -> int:
-    """Write ``key``'s whole training state to ``state_dir`` and drop it from this worker; returns bytes."""
+def park(key: str, location: str, storage_options: dict) -> int:
+    """Write ``key``'s whole training state to ``location`` (a directory or URI); returns the bytes written.
+
+    The trainer stays on this worker until ``drop_trainer``: if the agent comes back here before it trains
+    anywhere else, nothing needs to be read back.
+    """
+    return TrainingState.of(trainer(key)).to(location, storage_options=storage_options).stored_bytes
+
+
+def drop_trainer(key: str) -> bool:
+    """Free ``key``'s trainer here once its state was resumed on another worker; True when there was one."""
     registry = engines()
-    written = save_state(trainer(key), Path(state_dir))
-    del registry[_key(key)]
     if registry.get("slot:on-device") == key:
         del registry["slot:on-device"]
-    return written
+    dropped = registry.pop(_key(key), None)
+    if dropped is not None:
+        dropped.close()
+    return dropped is not None
+
+
+def _read_ahead(location: str, storage_options: dict) -> tuple[HostCopy, float, float]:
+    start = time.time()
+    copy = HostCopy.read(location, storage_options)
+    return copy, start, time.time()
+
+
+def prefetch(key: str, location: str, storage_options: dict, _after: object = None) -> None:
+    """Start reading ``key``'s parked state from ``location`` into this worker's host memory, in a background
+    thread, and return at once: the slot keeps training its current agent meanwhile, and a later
+    ``resume`` of ``key`` here finds the state in memory (``_after``: the park's result)."""
+    registry = engines()
+    pool = registry.get("slot:prefetcher")
+    if pool is None:
+        pool = registry["slot:prefetcher"] = ThreadPoolExecutor(1, thread_name_prefix="flexmarl-prefetch")
+    registry[_prefetch_key(key)] = (location, pool.submit(_read_ahead, location, storage_options))
+
+
+def discard_prefetch(key: str) -> bool:
+    """Drop a prefetched state of ``key`` that another slot resumed instead; True when there was one."""
+    return engines().pop(_prefetch_key(key), None) is not None
 
 
 def resume(
-    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, state_dir: str,
-    _after: object = None,
-) -> str:
-    """Rebuild ``key``'s trainer on this worker from the state ``park`` wrote (``_after``: the park's result,
-    so that Dask runs this only once the state is written)."""
-    start_trainer(key, model_dir, config, temperature, max_new_tokens, version=0)
-    load_state(trainer(key), Path(state_dir))
-    return worker_address()
+    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, location: str,
+    version: int, _after: object = None,
+) -> dict:
+    """Rebuild ``key``'s trainer on this worker from the state parked at ``location`` (``_after``: the park's
+    or the prefetch's result, so that Dask runs this only after it).
+
+    Takes the prefetched host copy when ``prefetch`` read that location here; otherwise reads it now.
+    Returns the worker, ``load_s`` (seconds bringing the state into the trainer: a read and a copy, or only
+    the copy after a prefetch) and ``prefetch`` (wall-clock start and end of the background read, or None).
+
+    Raises:
+        RuntimeError: the state found is not at ``version`` (a stale state at ``location``).
+    """
+    agent = key.rsplit("/", 1)[-1]
+    fresh = AgentTrainer(agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens)
+    pending = engines().pop(_prefetch_key(key), None)
+    load_start = time.perf_counter()
+    prefetched = None
+    if pending is not None and pending[0] == location:
+        copy, started, ended = pending[1].result()  # re-raises a failed read here
+        if copy.version == version:
+            prefetched = (started, ended)
+            state = TrainingState(agent, HOST, copy=copy)
+    if prefetched is None:
+        state = TrainingState.at(agent, location, storage_options=config.state_storage_options)
+    state.to(DEVICE, trainer=fresh)
+    load_s = time.perf_counter() - load_start
+    if fresh.version != version:
+        raise RuntimeError(f"the state of {agent!r} at {location} is at v{fresh.version}, expected v{version}")
+    engines()[_key(key)] = fresh
+    return {"worker": worker_address(), "load_s": load_s, "prefetch": prefetched}
 
 
 def accumulate(key: str, store_uri: str, samples_version: int, sample_ids: list[str], step: int) -> dict:

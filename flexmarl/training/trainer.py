@@ -8,19 +8,22 @@ the rest of the batch is still being generated, and the update equals the full-b
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
 import pyarrow as pa
 import torch
 from accelerate import Accelerator
+from transformers import get_scheduler
 
 from flexmarl.models.loading import load_model
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import batch_normaliser, policy_loss
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,10 +70,34 @@ class UpdateResult:
     skipped: bool = False  # True when the loss was not finite: weights untouched
 
 
-@cache
-def shared_accelerator() -> Accelerator:
-    """Accelerate keeps one state per process: every trainer of a worker shares this Accelerator."""
-    return Accelerator(cpu=not torch.cuda.is_available())
+class AcceleratorConflict(RuntimeError):
+    """A second, different accelerate configuration was asked for in a process that already has one."""
+
+
+_ACCELERATOR: tuple[str, Accelerator] | None = None  # (mixed_precision, the process's Accelerator)
+
+
+def shared_accelerator(mixed_precision: str = "no") -> Accelerator:
+    """The process's one Accelerator, built on first use from the run's ``training.mixed_precision``.
+
+    Accelerate keeps one state per process, so every trainer of a worker shares this Accelerator, and a
+    long-lived worker cannot switch configuration between runs.
+
+    Raises:
+        AcceleratorConflict: this process already trains with another ``mixed_precision``.
+    """
+    global _ACCELERATOR
+    if _ACCELERATOR is not None:
+        built, accelerator = _ACCELERATOR
+        if built != mixed_precision:
+            raise AcceleratorConflict(
+                f"this process already trains with training.mixed_precision={built!r} and cannot switch to "
+                f"{mixed_precision!r}: accelerate allows one configuration per process. Use one value per run, "
+                "or restart the Dask workers (a fresh cluster) before a run with another value"
+            )
+        return accelerator
+    _ACCELERATOR = (mixed_precision, Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision))
+    return _ACCELERATOR[1]
 
 
 def response_logprobs(
@@ -101,7 +128,7 @@ def response_logprobs(
 
 
 class AgentTrainer:
-    """Weights, optimizer and version clock of one agent.
+    """Weights, optimizer (and optional lr scheduler) and version clock of one agent.
 
     Args:
         agent: the agent's name (for messages and results).
@@ -126,7 +153,7 @@ class AgentTrainer:
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens  # the constant of the 'dr_grpo' normaliser
         self.version = version
-        self.accelerator = shared_accelerator()
+        self.accelerator = shared_accelerator(config.mixed_precision)
         model = load_model(Path(model_dir))
         # The KL reference is the starting weights, frozen (an extra copy in memory, only when used).
         self.reference = None
@@ -134,6 +161,11 @@ class AgentTrainer:
             self.reference = load_model(Path(model_dir)).to(self.accelerator.device).eval().requires_grad_(False)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        # Stepped by hand once per optimizer step (not through accelerate, which steps a prepared scheduler
+        # once per process); None keeps the lr constant.
+        self.scheduler = None
+        if config.lr_warmup_steps > 0:
+            self.scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=config.lr_warmup_steps)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
 
     def begin_step(self) -> None:
@@ -146,6 +178,11 @@ class AgentTrainer:
         self._loss_sum = 0.0
         self._stats: dict[str, float] = defaultdict(float)
         self._micro = 0
+
+    @property
+    def step_under_way(self) -> bool:
+        """Micro-batches are accumulated for the next update (a gradient sum exists outside the state)."""
+        return hasattr(self, "_consumed")
 
     def accumulate(self, batch: TrainBatch) -> dict[str, float]:
         """Forward/backward on one micro-batch at the current weights; adds to the step's gradient."""
@@ -204,16 +241,26 @@ class AgentTrainer:
         metrics.update({f"policy/{k}": v / self._micro for k, v in self._stats.items()})
         consumed, tokens = self._consumed, self._tokens
         del self._consumed
-        if not math.isfinite(metrics["loss/policy"]):
+        norms = [torch.linalg.vector_norm(p.grad) for p in self.model.parameters() if p.grad is not None]
+        grad_norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+        metrics["grad_norm"] = grad_norm
+        if not (math.isfinite(metrics["loss/policy"]) and math.isfinite(grad_norm)):
             # A NaN update must not touch the weights. The version still advances, so that versions keep
             # counting global batches: the batch is spent, and the skip is reported.
+            log.warning(
+                "agent %r: the update to v%d is skipped, weights untouched: loss %s, gradient norm %s are not "
+                "finite; lower training.lr, or check the rewards and advantages of this batch",
+                self.agent, self.version + 1, metrics["loss/policy"], grad_norm,
+            )
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
             return UpdateResult(self.agent, self.version, [], tokens, metrics, skipped=True)
         if self.config.max_grad_norm is not None:
-            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-            metrics["grad_norm"] = float(grad_norm)
+            self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         return UpdateResult(self.agent, self.version, consumed, tokens, metrics)
@@ -231,6 +278,13 @@ class AgentTrainer:
         """Detached copies of the weights, on the CPU, for a weight sync."""
         model = self.accelerator.unwrap_model(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def close(self) -> None:
+        """Let go of the model and optimizer: the shared Accelerator keeps every object it prepared, so a
+        trainer dropped from a worker (its agent moved away, or the run ended) would otherwise stay in memory."""
+        accelerator = self.accelerator
+        accelerator._models = [m for m in accelerator._models if m is not self.model]
+        accelerator._optimizers = [o for o in accelerator._optimizers if o is not self.optimizer]
 
     def save(self, out_dir: str | Path) -> Path:
         """Save the weights as a Hugging Face directory (no tokenizer: the caller copies it)."""

@@ -63,6 +63,8 @@ class DataConfig(Strict):
     def _check_source(self) -> DataConfig:
         if self.source() == HUMANEVAL and self.dataset_args:
             raise ValueError("data.dataset_args: the humaneval dataset takes no arguments; remove them")
+        if self.path is not None and not self.path.is_file():
+            raise ValueError(missing_file(self.path))
         return self
 
     def source(self) -> str:
@@ -87,9 +89,13 @@ def load_tasks(cfg: DataConfig) -> list[TaskItem]:
     return _generate(cfg)
 
 
+def missing_file(path: Path) -> str:
+    return f"data file {path} does not exist (or is not a file); set data.path to a GSM8K-style JSONL file"
+
+
 def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
     if not path.is_file():
-        raise DataError(f"data file {path} does not exist; give a GSM8K-style JSONL file as workload.data.path")
+        raise DataError(missing_file(path))
     tasks: list[TaskItem] = []
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
@@ -98,9 +104,12 @@ def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
             try:
                 row = json.loads(line)
                 question, answer = row["question"], row["answer"]
+                if not isinstance(question, str) or not isinstance(answer, str):
+                    raise TypeError("'question' and 'answer' must be strings")
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise DataError(
-                    f"{path}:{lineno}: not a JSON object with 'question' and 'answer' ({exc})"
+                    f"{path}:{lineno}: not a JSON object with 'question' and 'answer' ({exc}); fix or remove "
+                    "that line (one JSON object per line)"
                 ) from None
             match = GSM8K_ANSWER.search(answer.strip())
             final = match.group(1).replace(",", "") if match else answer.strip()
@@ -108,7 +117,7 @@ def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
             if len(tasks) >= limit:
                 break
     if not tasks:
-        raise DataError(f"data file {path} holds no tasks")
+        raise DataError(f"data file {path} holds no tasks; give one JSON object per line with 'question' and 'answer'")
     return tasks
 
 

@@ -166,7 +166,7 @@ def run_python(source: str, *, limits: SandboxLimits = SandboxLimits()) -> Sandb
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc.pid)
-                returncode = proc.wait()
+                returncode = proc.wait(timeout=limits.timeout_s)  # SIGKILL cannot be caught: this returns
         stdout = _read_start(out_path, limits.output_chars)
         stderr = _read_start(err_path, limits.output_chars + len(NETWORK_MARKERS[1]))
     isolated = stderr.startswith(NETWORK_MARKERS[0])

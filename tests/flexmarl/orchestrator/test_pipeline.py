@@ -79,13 +79,14 @@ def test_agent_wise_advantages_and_kl_keep_the_pipeline_equal_to_sync(tmp_path: 
 
 
 def test_agents_sharing_one_training_slot_train_the_same_weights(tmp_path: Path, address: str) -> None:
-    weights = {}
+    weights, results = {}, {}
     for slots in ("null", "1"):
         cfg = load_config(preset="fan_out", overrides=[*SMALL, f"training.slots={slots}"])
-        result, weights[slots] = run_mode(cfg, tmp_path / f"slots-{slots}", address)
-        trainers = {s.worker for s in result.spans if s.kind == "train"}
+        results[slots], weights[slots] = run_mode(cfg, tmp_path / f"slots-{slots}", address)
+        trainers = {s.worker for s in results[slots].spans if s.kind == "train"}
         assert len(trainers) == (1 if slots == "1" else 2)  # three agents on one slot, or spread over two
     assert max_diff(weights["null"], weights["1"]) <= 1e-5
+    assert not results["1"].state_moves  # one slot holds every state: nothing moves
 
 
 def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tmp_path: Path, monkeypatch) -> None:
@@ -131,3 +132,23 @@ def test_an_agent_moves_to_a_free_slot_with_its_whole_state(tmp_path: Path, addr
     assert moved, "an agent should have taken the free slot"
     assert {s.worker for s in result.spans if s.kind == "swap"} == set(runtime.slots)  # parked, then resumed
     assert max_diff(reference, weights) <= 1e-5  # the move carried weights, optimizer state and version
+    # each move that found its state read ahead shows that read as a background swap span on its slot
+    reads = [s for s in result.spans if s.background]
+    assert result.state_moves and len(reads) == sum(m.prefetched for m in result.state_moves)
+    assert all(s.kind == "swap" and s.worker in runtime.slots for s in reads)
+
+
+def test_the_balancer_moves_slots_to_the_skewed_agent_and_records_queues(tmp_path: Path, address: str) -> None:
+    _, result, _, _ = run("flexmarl", tmp_path, address)
+    cfg = load_config(preset="fan_out")
+    # the solver answers three times per episode: its queue outgrows the planner's and takes the planner's slot
+    assert any(m.target == "solver" for m in result.moves), result.moves
+    for m in result.moves:
+        assert m.target_load - m.source_load > cfg.rollout.balance_threshold
+    traced = {agent for _, agent, depth in result.queue_trace if depth > 0}
+    assert traced == set(cfg.agents)
+    # a planner batch finishes at once: its 8 episodes put 3 solver requests each in the solver's queue
+    assert max(d for _, a, d in result.queue_trace if a == "solver") >= 8
+
+    _, static, _, _ = run("no-lb", tmp_path, address)
+    assert static.moves == []

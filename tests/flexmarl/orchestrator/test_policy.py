@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
+from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots, micro_batch_of
 
 
 def policy(mode: str = "flexmarl", *, pipeline: bool = True, k: int = 0) -> SchedulePolicy:
@@ -50,3 +50,36 @@ def test_micro_batches_are_whole_groups_of_consecutive_queries() -> None:
     assert [micro_batch_of(q, 4, 8) for q in range(5)] == [0, 0, 1, 1, 2]
     # a group larger than the micro-batch still stays whole
     assert [micro_batch_of(q, 12, 8) for q in range(3)] == [0, 1, 2]
+
+
+def test_layered_rollout_opens_a_layer_once_every_earlier_one_is_done() -> None:
+    needed = {0: 8, 1: 24, 2: 8}
+    assert policy("sync").layer_open(0, {}, needed)
+    assert not policy("sync").layer_open(1, {0: 7}, needed)
+    assert policy("sync").layer_open(1, {0: 8}, needed)
+    assert not policy("sync").layer_open(2, {0: 8, 1: 23}, needed)
+    assert policy().layer_open(2, {}, needed)  # flexmarl: a node starts when its own parents are done
+
+
+def test_training_due_micro_batches_up_to_the_queue_depth_then_the_optimizer_step() -> None:
+    complete = {"a": set(), "b": set()}
+    p = policy()
+    assert p.training_due("a", 0, complete, ready=True, queued=1, all_trained=False) == "micro"
+    assert p.training_due("a", 0, complete, ready=True, queued=2, all_trained=False) is None  # slot queue full
+    assert policy(pipeline=False).training_due("a", 0, complete, ready=True, queued=0, all_trained=False) is None
+    done = {"a": {0}, "b": set()}
+    assert p.training_due("a", 0, done, ready=False, queued=0, all_trained=True) == "finish"
+    assert p.training_due("a", 0, done, ready=False, queued=1, all_trained=False) is None
+
+
+def test_a_training_slot_is_the_first_preferred_one_that_is_free() -> None:
+    assert SchedulePolicy.pick_slot(["w1", "w2"], "w2") == "w2"
+    assert SchedulePolicy.pick_slot(["w1", "w2"], "w3") == "w1"
+    assert SchedulePolicy.pick_slot(["w1", "w2", "w3"], None, "w3") == "w3"  # nothing read ahead: its home
+    assert SchedulePolicy.pick_slot(["w1", "w2", "w3"], "w2", "w3") == "w2"  # read ahead beats home
+
+
+def test_replica_slots_are_dealt_round_robin_and_every_agent_gets_one() -> None:
+    assert deal_slots(["p", "s", "a"], ["w0", "w1"], 2) == [("w0", "p"), ("w1", "s"), ("w0", "a"), ("w1", "p")]
+    dealt = deal_slots([f"a{i}" for i in range(5)], ["w0", "w1"], 1)
+    assert sorted(a for _, a in dealt) == sorted([f"a{i}" for i in range(5)] + ["a0"])

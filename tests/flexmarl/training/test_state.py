@@ -1,72 +1,113 @@
+"""The one location API for an agent's training state: every location round-trips bit-exactly."""
+
 from __future__ import annotations
 
+import pytest
 import torch
 
+from flexmarl.bench.swap_bench import same_state
 from flexmarl.models.loading import resolve_model
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.state import load_state, move, save_state
+from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer
 
 from .test_trainer import make_batch
 
-
-def snapshot(trainer: AgentTrainer) -> dict[str, torch.Tensor]:
-    out = {f"w.{k}": v.clone() for k, v in trainer.weights().items()}
-    for i, per_param in trainer.optimizer.state.items():
-        for name, value in per_param.items():
-            out[f"o.{i}.{name}"] = value.clone() if torch.is_tensor(value) else torch.tensor(value)
-    return out
+CONFIG = TrainerConfig(lr=1e-3, lr_warmup_steps=3)  # a scheduler too, so that its state must travel
 
 
-def test_disk_round_trip_is_bit_exact_and_training_resumes_identically(tiny_dir, tmp_path) -> None:
-    cfg = TrainerConfig(lr=1e-3)
-    a = AgentTrainer("solver", tiny_dir, cfg, temperature=1.0)
-    a.train_step(make_batch(tiny_dir, [1.0, -1.0, 0.5]))
-    written = save_state(a, tmp_path / "state")
-    assert written > sum(v.numel() * 4 for v in a.weights().values())  # weights and both Adam moments
+def trained(tiny_dir, agent: str = "solver") -> AgentTrainer:
+    trainer = AgentTrainer(agent, tiny_dir, CONFIG, temperature=1.0)
+    trainer.train_step(make_batch(tiny_dir, [1.0, -1.0, 0.5]))
+    return trainer
 
-    b = AgentTrainer("solver", tiny_dir, cfg, temperature=1.0)  # fresh: v0 weights, empty optimizer
-    load_state(b, tmp_path / "state")
-    assert b.version == a.version == 1
-    before = snapshot(a)
-    assert before.keys() == snapshot(b).keys()
-    assert all(torch.equal(before[k], snapshot(b)[k]) for k in before)
+
+@pytest.mark.parametrize("where", ["host", "directory", "file-uri", "memory-uri"])
+def test_a_round_trip_through_each_location_onto_a_fresh_trainer_is_bit_exact(tiny_dir, tmp_path, where) -> None:
+    a = trained(tiny_dir)
+    location = {"host": HOST, "directory": str(tmp_path / "state"), "file-uri": f"file://{tmp_path}/state",
+                "memory-uri": f"memory://test-state/{tmp_path.name}"}[where]
+    before = HostCopy.capture(a)
+    state = TrainingState.of(a)
+    assert state.location == DEVICE
+    if where == "host":  # the copy a prefetch leaves: in host memory, no trainer holds it
+        state = TrainingState("solver", HOST, copy=HostCopy.capture(a))
+    else:
+        state.to(location)
+        assert state.location == location and state.trainer is None and state.stored_bytes > before.nbytes
+    expected_draws = torch.rand(4)  # what the RNG gives right after the state was taken
+    torch.manual_seed(12345)  # another agent's work in between moves the process RNG
+
+    b = AgentTrainer("solver", tiny_dir, CONFIG, temperature=1.0)  # another worker: v0 weights, empty optimizer
+    state.to(DEVICE, trainer=b)
+    assert state.trainer is b and b.version == 1
+    assert same_state(before, HostCopy.capture(b))  # weights, moments, step counts, scheduler, version, RNG
+    assert torch.equal(torch.rand(4), expected_draws)  # the RNG continues where it was taken
 
     batch = make_batch(tiny_dir, [0.5, -0.5, 1.0])
-    a.train_step(batch)
-    b.train_step(batch)
-    after_a, after_b = snapshot(a), snapshot(b)
-    assert all(torch.equal(after_a[k], after_b[k]) for k in after_a)
+    ra, rb = a.train_step(batch), b.train_step(batch)  # a still has its tensors: the reference
+    assert ra.metrics["lr"] == rb.metrics["lr"] == pytest.approx(1e-3 / 3)  # warm-up step 1 of 3
+    assert same_state(HostCopy.capture(a), HostCopy.capture(b))
 
 
-def test_state_of_another_agent_is_refused(tiny_dir, tmp_path) -> None:
-    import pytest
+def test_a_state_at_a_uri_is_found_by_a_new_handle(tiny_dir, tmp_path) -> None:
+    a = trained(tiny_dir)
+    before = HostCopy.capture(a)
+    TrainingState.of(a).to(tmp_path / "solver")
+    prefetched = TrainingState.at("solver", tmp_path / "solver").to(HOST)  # read ahead, no trainer yet
+    assert prefetched.copy is not None and prefetched.trainer is None
+    b = AgentTrainer("solver", tiny_dir, CONFIG, temperature=1.0)
+    prefetched.to(DEVICE, trainer=b)
+    assert same_state(before, HostCopy.capture(b))
 
-    a = AgentTrainer("solver", tiny_dir, TrainerConfig(), temperature=1.0)
-    save_state(a, tmp_path / "state")
-    with pytest.raises(ValueError, match="belongs to agent 'solver', not 'verifier'"):
-        load_state(AgentTrainer("verifier", tiny_dir, TrainerConfig(), temperature=1.0), tmp_path / "state")
 
-
-def test_host_device_round_trip_keeps_the_state(tiny_dir) -> None:
-    a = AgentTrainer("solver", tiny_dir, TrainerConfig(lr=1e-3), temperature=1.0)
-    a.train_step(make_batch(tiny_dir, [1.0, -1.0]))
-    before = snapshot(a)
-    move(a, "host")
-    move(a, "device")
-    after = snapshot(a)
-    assert all(torch.equal(before[k], after[k]) for k in before)
+def test_live_host_device_round_trip_keeps_the_state(tiny_dir) -> None:
+    a = trained(tiny_dir)
+    before = HostCopy.capture(a)
+    state = TrainingState.of(a).to(HOST).to(DEVICE)
+    assert state.trainer is a and state.location == DEVICE
+    assert same_state(before, HostCopy.capture(a))
     a.train_step(make_batch(tiny_dir, [1.0, -1.0]))  # still trains after the moves
     assert a.version == 2
 
 
+def test_a_state_of_another_agent_is_refused(tiny_dir, tmp_path) -> None:
+    TrainingState.of(trained(tiny_dir)).to(tmp_path / "state")
+    verifier = AgentTrainer("verifier", tiny_dir, CONFIG, temperature=1.0)
+    with pytest.raises(ValueError, match="belongs to agent 'solver', not 'verifier'"):
+        TrainingState.at("verifier", tmp_path / "state").to(DEVICE, trainer=verifier)
+
+
+def test_missing_or_unreachable_states_are_clear_errors(tiny_dir, tmp_path) -> None:
+    b = AgentTrainer("solver", tiny_dir, CONFIG, temperature=1.0)
+    with pytest.raises(FileNotFoundError, match=r"no training state at .*nowhere: state.json is missing"):
+        TrainingState.at("solver", tmp_path / "nowhere").to(DEVICE, trainer=b)
+    with pytest.raises(ValueError, match="goes onto a device through a trainer: pass trainer="):
+        TrainingState.at("solver", tmp_path / "nowhere").to(DEVICE)
+
+
+def test_a_state_in_the_middle_of_an_update_does_not_move(tiny_dir, tmp_path) -> None:
+    a = trained(tiny_dir)
+    a.accumulate(make_batch(tiny_dir, [1.0, -1.0]))  # half a step: the gradient sum is not in the state
+    with pytest.raises(RuntimeError, match="middle of the update to v2"):
+        TrainingState.of(a).to(tmp_path / "state")
+
+
+def test_a_scheduler_mismatch_is_refused(tiny_dir, tmp_path) -> None:
+    TrainingState.of(trained(tiny_dir)).to(tmp_path / "state")
+    plain = AgentTrainer("solver", tiny_dir, TrainerConfig(lr=1e-3), temperature=1.0)
+    with pytest.raises(ValueError, match="same training.lr_warmup_steps"):
+        TrainingState.at("solver", tmp_path / "state").to(DEVICE, trainer=plain)
+
+
 def test_swap_benchmark_reports_every_leg_and_a_bit_exact_round_trip(model_cache) -> None:
-    from flexmarl.bench.swap_bench import bench_swap
+    from flexmarl.bench.swap_bench import LEGS, bench_swap
 
     report = bench_swap(["tiny"], log=lambda _: None)
     tiny = report["models"]["tiny"]
-    assert report["bit_exact"] and tiny["bit_exact"] and tiny["device"] == report["device"]
+    assert report["bit_exact"] and tiny["bit_exact"] and tiny["device"] == report["device"] == "cpu"
     params = AgentTrainer("x", resolve_model("tiny"), TrainerConfig(), temperature=1.0).model.parameters()
     assert tiny["state_bytes"] >= 3 * sum(p.numel() * 4 for p in params)  # weights + two Adam moments
-    for leg in ("to_host_s", "to_device_s", "to_disk_s", "from_disk_s"):
-        assert tiny[leg] > 0
+    assert tiny["object_store"] == "memory" and tiny["pinned"] is False
+    for leg in LEGS:
+        assert tiny[f"{leg}_s"] > 0 and tiny[f"{leg}_gb_per_s"] > 0

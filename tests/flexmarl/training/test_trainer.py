@@ -104,3 +104,15 @@ def test_kl_to_the_frozen_reference_starts_at_zero(tiny_dir) -> None:
     trainer.finish_step()
     trainer.begin_step()
     assert trainer.accumulate(make_batch(tiny_dir, [1.0, -1.0]))["kl"] > 0  # the weights moved away
+
+
+def test_a_closed_trainer_leaves_nothing_in_the_shared_accelerator(tiny_dir) -> None:
+    import gc
+    import weakref
+
+    trainer = AgentTrainer("a", tiny_dir, TrainerConfig(), temperature=1.0)
+    model, weight = weakref.ref(trainer.model), weakref.ref(next(trainer.model.parameters()))
+    trainer.close()
+    del trainer
+    gc.collect()
+    assert model() is None and weight() is None  # accelerate held both until close

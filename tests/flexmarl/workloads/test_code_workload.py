@@ -34,6 +34,7 @@ def test_humaneval_tasks_carry_the_stub_the_entry_point_and_hidden_tests() -> No
 
 def test_fields_per_source(tmp_path) -> None:
     assert DataConfig().fields() == {"question"}
+    (tmp_path / "x.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
     assert DataConfig(path=tmp_path / "x.jsonl", dataset="humaneval").fields() == {"question"}
     with pytest.raises(ValueError, match="humaneval dataset takes no arguments"):
         DataConfig(dataset="humaneval", dataset_args={"x": 1})

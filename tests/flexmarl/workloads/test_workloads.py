@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from flexmarl.workloads.datasets import DataConfig, DataError, TaskItem, TaskStream, load_tasks
 from flexmarl.workloads.parsers import last_number, verdict
@@ -55,8 +56,14 @@ def test_corrupt_jsonl_line_is_named(tmp_path) -> None:
 
 
 def test_missing_data_file(tmp_path) -> None:
-    with pytest.raises(DataError, match="does not exist"):
-        load_tasks(DataConfig(path=tmp_path / "nope.jsonl"))
+    with pytest.raises(ValidationError, match="data file .*nope.jsonl does not exist"):
+        DataConfig(path=tmp_path / "nope.jsonl")  # refused when the config is validated
+    path = tmp_path / "gone.jsonl"
+    path.write_text('{"question": "a", "answer": "#### 1"}\n')
+    cfg = DataConfig(path=path)
+    path.unlink()  # and if it disappears after validation, the read names it
+    with pytest.raises(DataError, match="gone.jsonl does not exist"):
+        load_tasks(cfg)
 
 
 def test_task_stream_is_deterministic_and_unique_across_epochs() -> None:

@@ -1,0 +1,144 @@
+"""Rollout throughput of the generation backends: tokens per second at a fixed batch.
+
+vLLM usually lives in its own environment (``.venv-vllm``, ``make setup-vllm``), since it pins other
+versions of torch and transformers. So ``compare_backends`` measures the hf backend in this process and, when
+this Python lacks vllm, runs this module with ``.venv-vllm/bin/python`` and reads its JSON:
+
+    python -m flexmarl.bench.backend_bench --backend vllm --model tiny-large     # prints one JSON object
+
+Each measurement loads the model (``startup_s``), generates one batch to warm up (``first_batch_s``: vLLM
+compiles kernels then), then times ``repeats`` batches of ``batch`` prompts of ``prompt_len`` tokens with up
+to ``new_tokens`` new tokens each, sampled at temperature 1. ``tokens_per_s`` counts the tokens generated
+(a response may end early at its end-of-sequence token) over the timed batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from flexmarl.models.loading import ModelError, load_tokenizer, resolve_model
+from flexmarl.rollout.backend import GenerationRequest
+from flexmarl.rollout.config import VLLMSettings, vllm_installed
+from flexmarl.rollout.hf_backend import HFBackend
+from flexmarl.rollout.vllm_backend import VLLMBackend
+
+VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+
+
+def _requests(model_dir: Path, batch: int, prompt_len: int, new_tokens: int, round_: int) -> list[GenerationRequest]:
+    tok = load_tokenizer(model_dir)
+    specials = set(tok.all_special_ids)
+    vocab = [i for i in range(len(tok)) if i not in specials]
+    g = torch.Generator().manual_seed(round_)
+    picks = torch.randint(0, len(vocab), (batch, prompt_len), generator=g).tolist()
+    return [
+        GenerationRequest(f"b{round_}_{i}", [vocab[j] for j in row], new_tokens, 1.0, seed=round_ * batch + i)
+        for i, row in enumerate(picks)
+    ]
+
+
+def backend_throughput(
+    backend: str, model: str, batch: int = 16, new_tokens: int = 64, *, prompt_len: int = 32, repeats: int = 3
+) -> dict:
+    """Measure one backend in this process. Returns ``{"tokens_per_s": float, ...}`` (see the module doc)."""
+    model_dir = resolve_model(model)
+    start = time.perf_counter()
+    if backend == "hf":
+        engine = HFBackend(model_dir)
+    elif backend == "vllm":
+        engine = VLLMBackend(model_dir, settings=VLLMSettings()).start()
+    else:
+        raise ValueError(f"unknown backend {backend!r}: use 'hf' or 'vllm'")
+    startup_s = time.perf_counter() - start
+    try:
+        start = time.perf_counter()
+        engine.generate(_requests(model_dir, batch, prompt_len, new_tokens, 0))
+        first_batch_s = time.perf_counter() - start
+        tokens, seconds = 0, 0.0
+        for round_ in range(1, repeats + 1):
+            requests = _requests(model_dir, batch, prompt_len, new_tokens, round_)
+            start = time.perf_counter()
+            results = engine.generate(requests)
+            seconds += time.perf_counter() - start
+            tokens += sum(len(r.response_ids) for r in results)
+    finally:
+        if isinstance(engine, VLLMBackend):
+            engine.close()
+    return {
+        "tokens_per_s": tokens / seconds,
+        "tokens": tokens,
+        "seconds": seconds,
+        "startup_s": startup_s,
+        "first_batch_s": first_batch_s,
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "prompt_len": prompt_len,
+        "repeats": repeats,
+        "model": model,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def vllm_in_subprocess(
+    model: str, batch: int, new_tokens: int, *, python: Path = VLLM_PYTHON, timeout_s: float = 1200
+) -> dict:
+    """Run the vllm measurement with another environment's Python; ``{"unavailable": reason}`` if it cannot."""
+    if not python.exists():
+        return {"unavailable": f"vllm is not installed here and {python} does not exist (run `make setup-vllm`)"}
+    cmd = [str(python), "-m", "flexmarl.bench.backend_bench", "--backend", "vllm", "--model", model,
+           "--batch", str(batch), "--new-tokens", str(new_tokens)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return {"unavailable": f"the vllm benchmark did not finish within {timeout_s:.0f}s"}
+    if done.returncode != 0:
+        return {"unavailable": f"the vllm benchmark failed (exit {done.returncode}): {done.stderr.strip()[-500:]}"}
+    # vLLM logs to stdout too: the result is the last line that is a JSON object
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"unavailable": f"the vllm benchmark printed no result: {done.stdout.strip()[-500:]}"}
+
+
+def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_python: Path = VLLM_PYTHON) -> dict:
+    """``{"model", "batch", "new_tokens", "backends": {"hf": {"tokens_per_s"...}, "vllm": {...} or
+    {"unavailable": reason}}}``."""
+    hf = backend_throughput("hf", model, batch, new_tokens)
+    if vllm_installed():
+        try:
+            vllm = backend_throughput("vllm", model, batch, new_tokens)
+        except Exception as exc:  # noqa: BLE001 - reported, e.g. a head size vLLM's CPU attention lacks
+            vllm = {"unavailable": f"{type(exc).__name__}: {exc}"}
+    else:
+        vllm = vllm_in_subprocess(model, batch, new_tokens, python=vllm_python)
+    return {"model": model, "batch": batch, "new_tokens": new_tokens, "backends": {"hf": hf, "vllm": vllm}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Tokens per second of one rollout backend (prints JSON).")
+    parser.add_argument("--backend", choices=["hf", "vllm"], required=True)
+    parser.add_argument("--model", default="tiny-large", help="a model setting (see flexmarl.models.loading)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    try:
+        result = backend_throughput(args.backend, args.model, args.batch, args.new_tokens, repeats=args.repeats)
+    except ModelError as exc:  # a model this backend cannot run here, e.g. a head size vLLM's CPU attention lacks
+        result = {"unavailable": str(exc)}
+    sys.stdout.flush()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The report's pictures: one sheet per agent (each metric against step and against wall time), the agents'
+rewards side by side, and the worker timeline.
+
+Each function takes series (``series.py``) or a ``PipelineResult``, writes one PNG and returns its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: reports are written headless
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from flexmarl.report.series import AgentSeries  # noqa: E402
+
+DPI = 100
+# (title, y label, attribute, which x axis: "step" series or "update" series)
+METRICS = [
+    ("reward", "mean reward", "reward", "step"),
+    ("loss", "policy loss", "loss", "update"),
+    ("KL to the reference", "KL (k3, per token)", "kl", "update"),
+    ("entropy (estimate)", "nats per token", "entropy", "step"),
+    ("staleness", "versions behind", "staleness", "update"),
+    ("queue depth", "waiting requests", "queue_depth", "update"),
+    ("tokens/s", "trained tokens / s", "tokens_per_s", "update"),
+]
+
+
+def draw_agent_sheet(series: AgentSeries, path: Path) -> Path:
+    """One agent's metrics: a row per metric, against the training step (left) and wall time (right)."""
+    rows = len(METRICS) + 1
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 2.1 * rows), squeeze=False)
+    for row, (title, ylabel, attr, kind) in enumerate(METRICS):
+        values = getattr(series, attr)
+        if kind == "step":
+            xs, times, xlabel = series.steps, series.step_end_s, "training step"
+        else:
+            xs, times, xlabel = series.versions, series.update_s, "update (policy version produced)"
+        _line(axes[row][0], xs, values, title=title, xlabel=xlabel, ylabel=ylabel,
+              missing=_why_missing(series, attr))
+        if attr == "queue_depth" and series.queue_s:  # over time: every change, not only at the updates
+            axes[row][1].step(series.queue_s, series.queue, where="post", color="#1976d2")
+            _label(axes[row][1], title, "seconds since start", ylabel)
+        else:
+            _line(axes[row][1], times, values, title=title, xlabel="seconds since start", ylabel=ylabel,
+                  missing=_why_missing(series, attr))
+        if any(v is not None for v in values):
+            axes[row][0].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and versions are whole
+    # samples: per policy version (left), cumulative over wall time (right)
+    left, right = axes[rows - 1]
+    if series.samples_by_version:
+        left.bar(list(series.samples_by_version), list(series.samples_by_version.values()), color="#4caf50")
+        left.set_xticks(list(series.samples_by_version))
+    _label(left, "samples per policy version", "policy version that generated them", "samples")
+    if series.sample_times_s:
+        right.step(series.sample_times_s, range(1, len(series.sample_times_s) + 1), where="post", color="#4caf50")
+    _label(right, "samples generated", "seconds since start", "samples (cumulative)")
+    fig.suptitle(f"agent {series.agent}", x=0.01, ha="left", fontsize="large")
+    fig.tight_layout(rect=(0, 0, 1, 0.99))  # leave the top strip to the sheet's title
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def draw_rewards(all_series: Sequence[AgentSeries], path: Path) -> Path:
+    """Every agent's mean reward by step and over wall time, on shared axes."""
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(10, 3.2))
+    for s in all_series:
+        pts = [(x, t, y) for x, t, y in zip(s.steps, s.step_end_s, s.reward, strict=True) if y is not None]
+        by_step.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=s.agent)
+        by_time.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=s.agent)
+    _label(by_step, "mean reward", "training step", "mean reward")
+    by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _label(by_time, "mean reward", "seconds since start", "mean reward")
+    by_step.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _line(ax: Axes, xs: Sequence[float], ys: Sequence[float | None], *, title: str, xlabel: str, ylabel: str,
+          missing: str) -> None:
+    pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, color="#1976d2")
+    else:
+        ax.text(0.5, 0.5, missing, ha="center", va="center", transform=ax.transAxes, color="#757575")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    _label(ax, title, xlabel, ylabel)
+
+
+def _label(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title, loc="left", fontsize="medium")
+    ax.set_xlabel(xlabel, fontsize="small")
+    ax.set_ylabel(ylabel, fontsize="small")
+    ax.tick_params(labelsize="small")
+    ax.grid(alpha=0.3)
+
+
+def _why_missing(series: AgentSeries, attr: str) -> str:
+    if attr == "kl":
+        return "not logged: training.kl_coef is 0"
+    if attr in ("staleness", "queue_depth"):
+        return "no timeline.json in the run directory"
+    return "no data yet"

@@ -1,0 +1,116 @@
+"""Inter-agent load balancing: move rollout replica slots from agents with short queues to agents with long ones.
+
+The rollout capacity is a pool of replica slots (a slot serves one agent at a time). An agent's load is its
+waiting requests per slot it holds. When the most loaded agent's load exceeds the least loaded one's by more
+than ``threshold`` requests per slot (the paper's disparity threshold, default 5), one idle slot moves from the
+least to the most loaded agent. Two rules keep slots from flapping back and forth (hysteresis):
+
+- a move must not invert the order: after it, the target's load is still at least the source's;
+- an agent that gained a slot gives none back, and one that gave a slot takes none, for ``cooldown_s``.
+
+Plain object, no Dask: the pipeline runtime and the simulator ask it the same question on their own clocks.
+
+Example:
+    >>> b = InterAgentBalancer(threshold=5, cooldown_s=1.0)
+    >>> b.decide(0.0, queue={"planner": 0, "solver": 24}, slots={"planner": 2, "solver": 2},
+    ...          idle={"planner": 2, "solver": 0})
+    Move(at=0.0, source='planner', target='solver', source_load=0.0, target_load=12.0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Replica:
+    """A rollout replica slot: one generation batch at a time on ``worker``, for ``agent`` (slots move)."""
+
+    agent: str
+    worker: str
+    busy: bool = False
+
+
+@dataclass(frozen=True)
+class Move:
+    """One replica slot moved from agent ``source`` to agent ``target`` at time ``at``."""
+
+    at: float
+    source: str
+    target: str
+    source_load: float  # waiting requests per slot when the move was decided
+    target_load: float
+
+
+@dataclass
+class InterAgentBalancer:
+    threshold: float = 5.0
+    cooldown_s: float = 1.0
+    min_slots: int = 1  # an agent keeps at least this many slots (0 lets an idle agent give away its last one)
+    moves: list[Move] = field(default_factory=list)
+    _gained_at: dict[str, float] = field(default_factory=dict)
+    _gave_at: dict[str, float] = field(default_factory=dict)
+
+    @staticmethod
+    def load(queue: int, slots: int) -> float:
+        """Waiting requests per slot; an agent with work and no slot is infinitely loaded."""
+        if slots == 0:
+            return math.inf if queue else 0.0
+        return queue / slots
+
+    def decide(self, now: float, queue: dict[str, int], slots: dict[str, int], idle: dict[str, int]) -> Move | None:
+        """The slot to move now, or None.
+
+        Args:
+            now: the caller's clock (seconds).
+            queue: waiting requests per agent.
+            slots: replica slots each agent holds.
+            idle: of those, how many are not generating (only an idle slot can move).
+        """
+        loads = {a: self.load(queue.get(a, 0), slots[a]) for a in slots}
+        targets = sorted(
+            (a for a in loads if queue.get(a, 0) and not self._cooling(self._gave_at, a, now)),
+            key=lambda a: (-loads[a], a),
+        )
+        sources = sorted(
+            (a for a in loads
+             if idle.get(a, 0) > 0 and slots[a] > self.min_slots and not self._cooling(self._gained_at, a, now)),
+            key=lambda a: (loads[a], a),
+        )
+        for target in targets:
+            for source in sources:
+                if source == target or not loads[target] - loads[source] > self.threshold:
+                    continue
+                after_target = self.load(queue.get(target, 0), slots[target] + 1)
+                after_source = self.load(queue.get(source, 0), slots[source] - 1)
+                if after_target < after_source:  # the move would invert the imbalance: it would flap back
+                    continue
+                move = Move(now, source, target, loads[source], loads[target])
+                self.moves.append(move)
+                self._gained_at[target] = now
+                self._gave_at[source] = now
+                return move
+        return None
+
+    @staticmethod
+    def slot_to_move(idle_workers: list[str], held: list[str], outstanding: dict[str, int]) -> int:
+        """Which of the source's idle slots (given by worker) moves: where the target holds the fewest slots
+        (a second slot on a worker only queues behind the first), then the worker with the fewest tokens
+        outstanding."""
+        return min(range(len(idle_workers)),
+                   key=lambda i: (held.count(idle_workers[i]), outstanding.get(idle_workers[i], 0), idle_workers[i]))
+
+    def _cooling(self, last: dict[str, float], agent: str, now: float) -> bool:
+        return agent in last and now - last[agent] < self.cooldown_s
+
+
+def move_slot(replicas: dict[str, list[Replica]], move: Move, outstanding: dict[str, int]) -> Replica:
+    """Carry out ``move`` on the slots held per agent; returns the slot that moved."""
+    idle = [r for r in replicas[move.source] if not r.busy]
+    rep = idle[InterAgentBalancer.slot_to_move([r.worker for r in idle], [r.worker for r in replicas[move.target]],
+                                               outstanding)]
+    replicas[move.source].remove(rep)
+    rep.agent = move.target
+    replicas[move.target].append(rep)
+    return rep

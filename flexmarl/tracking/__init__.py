@@ -1,0 +1,1 @@
+"""Optional experiment tracking (TensorBoard, MLflow) of each agent update, from the driver."""

@@ -1,0 +1,129 @@
+"""Each agent's training state at its version boundaries: the cut a lost trainer or a resumed run restarts from.
+
+After every update the pipeline writes the agent's whole training state (``TrainingState.to(uri)``: weights,
+Adam moments, scheduler, version, RNG) to ``<root>/<agent>/v<N>``, before the update is recorded in the store.
+So whatever version the store says an agent is at, its state of that version is here, and a trainer rebuilt
+from it on any worker continues exactly where the lost one was at the start of the step. ``root`` is a
+directory or fsspec URI every worker reaches: ``<training.state_uri>/by-version`` (by default under the run
+directory, like the states parked when agents move between slots; agent names cannot contain '-', so it
+never clashes with an agent's parked state).
+
+A state's JSON file is written last, so a snapshot whose write was cut short is never taken for a complete
+one. Version 0 needs no snapshot: it is the agent's model directory.
+
+Example:
+    >>> save_snapshot("run-1/solver", "runs/x/state/by-version", 3, {})          # on the trainer's worker
+    >>> restore_trainer("run-2/solver", model_dir, cfg, 1.0, 24, "runs/x/state/by-version/solver/v3", 3, {})
+"""
+
+from __future__ import annotations
+
+import fsspec
+import torch
+from safetensors.torch import load as load_tensors
+
+from flexmarl.cluster.worker_state import engines, worker_address
+from flexmarl.training import slot
+from flexmarl.training.config import TrainerConfig
+from flexmarl.training.state import DEVICE, META, WEIGHTS, TrainingState
+from flexmarl.training.trainer import AgentTrainer
+
+SNAPSHOTS = "by-version"  # under the run's state location
+
+
+class SnapshotError(RuntimeError):
+    """An agent's training state of the version the store names is missing; the message says why and what to do."""
+
+
+def snapshot_uri(root: str, agent: str, version: int) -> str:
+    return f"{root.rstrip('/')}/{agent}/v{version}"
+
+
+def find_snapshot(root: str, agent: str, version: int, storage_options: dict | None = None) -> str | None:
+    """The complete snapshot of ``agent`` at ``version``, or None."""
+    uri = snapshot_uri(root, agent, version)
+    fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    return uri if fs.exists(f"{path}/{META}") else None
+
+
+def require_snapshot(root: str | None, agent: str, version: int, storage_options: dict | None = None) -> str | None:
+    """The snapshot to restart ``agent`` from at ``version``: None at version 0 (its model directory).
+
+    Args:
+        root: the run's snapshot location; None when the run writes none (``train.save_state=false``).
+
+    Raises:
+        SnapshotError: the version is past 0 and its snapshot is missing.
+    """
+    if version == 0:
+        return None
+    if root is None:
+        raise SnapshotError(
+            f"agent {agent!r} must restart at v{version}, but the run writes no training state "
+            "(train.save_state=false): only a run still at version 0 can recover; set train.save_state=true"
+        )
+    uri = find_snapshot(root, agent, version, storage_options)
+    if uri is None:
+        raise SnapshotError(
+            f"agent {agent!r} is at v{version} in the store, but {snapshot_uri(root, agent, version)} holds no "
+            "complete training state: the run had train.save_state=false or the state was removed, so the "
+            "agent cannot restart exactly from its last update"
+        )
+    return uri
+
+
+def save_snapshot(key: str, root: str, version: int, storage_options: dict) -> int:
+    """Write the trainer ``key``'s whole state as its snapshot of ``version`` (runs on its worker); returns bytes.
+
+    The trainer keeps its state. Raises ``RuntimeError`` when it is not at ``version``.
+    """
+    trainer = slot.trainer(key)
+    if trainer.version != version:
+        raise RuntimeError(f"trainer {key!r} is at v{trainer.version}, not v{version}: refusing to snapshot it")
+    uri = snapshot_uri(root, trainer.agent, version)
+    return TrainingState.of(trainer).to(uri, storage_options=storage_options).stored_bytes
+
+
+def restore_trainer(
+    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int,
+    snapshot: str | None, version: int, storage_options: dict,
+) -> str:
+    """Build ``key``'s trainer afresh on this worker (replacing any it holds) from its snapshot of ``version``,
+    or from ``model_dir`` at version 0. Returns the worker's address.
+
+    A fresh trainer holds no accumulated gradient: the step it was in is trained again from its start.
+    """
+    agent = key.rsplit("/", 1)[-1]
+    trainer = AgentTrainer(agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens)
+    if snapshot is not None:
+        TrainingState.at(agent, snapshot, storage_options=storage_options).to(DEVICE, trainer=trainer)
+    if trainer.version != version:
+        raise SnapshotError(f"the snapshot {snapshot} of agent {agent!r} holds v{trainer.version}, not v{version}")
+    registry = engines()
+    old = registry.get(slot._key(key))  # a trainer left over from before the fault
+    registry[slot._key(key)] = trainer
+    if old is not None:
+        old.close()
+    return worker_address()
+
+
+def weights_uri(snapshot: str | None) -> str | None:
+    """The snapshot's weights file (safetensors), which a rollout replica loads; None for None."""
+    return None if snapshot is None else f"{snapshot}/{WEIGHTS}"
+
+
+def load_weights(snapshot: str, storage_options: dict | None = None) -> dict[str, torch.Tensor]:
+    """The weights of a snapshot (not its optimizer state)."""
+    fs, path = fsspec.core.url_to_fs(weights_uri(snapshot), **(storage_options or {}))
+    return load_tensors(fs.cat_file(path))
+
+
+def prune_snapshots(root: str, agent: str, keep_from: int, storage_options: dict | None = None) -> None:
+    """Delete ``agent``'s snapshots of versions below ``keep_from``."""
+    fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{agent}", **(storage_options or {}))
+    if not fs.exists(path):
+        return
+    for entry in fs.ls(path, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith("v") and name[1:].isdigit() and int(name[1:]) < keep_from:
+            fs.rm(entry, recursive=True)

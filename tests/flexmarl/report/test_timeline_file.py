@@ -1,0 +1,35 @@
+"""timeline.json: the pipeline's spans and update events survive the run, and a bad file is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flexmarl.orchestrator.pipeline import PipelineResult, Span, UpdateEvent
+from flexmarl.rollout.balancer import Move
+from flexmarl.report.timeline_file import read_timeline, write_timeline
+
+
+def test_a_written_timeline_reads_back_equal(tmp_path: Path) -> None:
+    result = PipelineResult(
+        start=1000.0, wall_s=4.0,
+        spans=[Span("w0", "rollout", "solver", 1000.0, 1001.5), Span("w1", "train", "solver", 1001.5, 1003.0)],
+        updates=[UpdateEvent("solver", 0, 1, 16, 200, 0.5, {"loss/policy": 0.1}, 3.0, staleness=0.5, queue_depth=2)],
+        workers=["w0", "w1"], tokens=200, store_write_s=0.2, store_read_s=0.1,
+        moves=[Move(1.2, "verifier", "solver", 0.0, 6.0)], queue_trace=[(0.0, "solver", 8), (1.5, "solver", 0)],
+    )
+    back = read_timeline(write_timeline(result, tmp_path / "timeline.json"))
+    assert back == result
+    assert back.utilization() == pytest.approx(3.0 / 8.0)
+
+
+def test_a_file_of_another_format_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps({"format": 99}))
+    with pytest.raises(ValueError, match="not a FlexMARL timeline of format 1"):
+        read_timeline(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        read_timeline(path)

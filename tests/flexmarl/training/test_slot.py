@@ -1,0 +1,56 @@
+"""Slot functions on a real Dask cluster: an agent's state parked by one worker, read ahead by another."""
+
+from __future__ import annotations
+
+import pytest
+from distributed import Client, LocalCluster
+
+from flexmarl.bench.swap_bench import same_state
+from flexmarl.cluster.local import submit_on
+from flexmarl.training import slot
+from flexmarl.training.config import TrainerConfig
+from flexmarl.training.state import HostCopy
+
+from .test_trainer import make_batch
+
+KEY = "run-x/solver"
+CONFIG = TrainerConfig(lr=1e-3, lr_warmup_steps=2)
+
+
+def train_and_capture(key: str, batch) -> HostCopy:
+    trainer = slot.trainer(key)
+    trainer.train_step(batch)
+    return HostCopy.capture(trainer)
+
+
+def capture(key: str) -> HostCopy:
+    return HostCopy.capture(slot.trainer(key))
+
+
+def test_a_state_prefetched_by_another_worker_resumes_without_a_read_and_bit_exact(tiny_dir, tmp_path) -> None:
+    uri = f"memory://slot-test/{tmp_path.name}/solver"  # workers are threads of this process: they share memory://
+    batch = make_batch(tiny_dir, [1.0, -1.0, 0.5])
+    with (LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+          Client(cluster) as client):
+        a, b = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        submit_on(client, a, slot.start_trainer, KEY, str(tiny_dir), CONFIG, 1.0, 6, 0).result()
+        before = submit_on(client, a, train_and_capture, KEY, batch).result()
+
+        parked = submit_on(client, a, slot.park, KEY, uri, {})
+        submit_on(client, b, slot.prefetch, KEY, uri, {}, parked).result()
+        moved = submit_on(client, b, slot.resume, KEY, str(tiny_dir), CONFIG, 1.0, 6, uri, 1).result()
+        assert moved["worker"] == b and moved["prefetch"] is not None  # taken from the copy read ahead
+        start, end = moved["prefetch"]
+        assert end >= start
+        assert same_state(before, submit_on(client, b, capture, KEY).result())
+        assert submit_on(client, a, slot.drop_trainer, KEY).result()  # the old worker lets go of it
+        with pytest.raises(RuntimeError, match=f"no trainer '{KEY}' on worker"):
+            submit_on(client, a, capture, KEY).result()
+
+        # without a prefetch, resume reads the state itself; a state at another version is refused
+        submit_on(client, b, slot.park, KEY, uri, {}).result()
+        again = submit_on(client, a, slot.resume, KEY, str(tiny_dir), CONFIG, 1.0, 6, uri, 1).result()
+        assert again["worker"] == a and again["prefetch"] is None and again["load_s"] > 0
+        assert same_state(before, submit_on(client, a, capture, KEY).result())
+        with pytest.raises(RuntimeError, match=r"the state of 'solver' at .* is at v1, expected v2"):
+            submit_on(client, b, slot.resume, KEY, str(tiny_dir), CONFIG, 1.0, 6, uri, 2).result()

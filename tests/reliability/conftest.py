@@ -1,0 +1,89 @@
+"""Shared by the reliability tests: one cluster, and the weights of an uninterrupted run to compare against.
+
+Every test here is a real tiny run (2 steps) hit by a real fault: a worker process SIGKILLed or SIGSTOPped,
+a driver process SIGKILLed, a flow attempt failing. After it, the store must verify, every planned prompt
+must have been trained exactly once per step, and the weights (staleness 0) must equal the uninterrupted
+run's up to float rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flexmarl.bench.chaos_bench import WEIGHT_TOLERANCE, max_weight_diff, train
+from flexmarl.cluster.config import ClusterConfig
+from flexmarl.cluster.local import open_cluster
+from flexmarl.config import RunConfig, load_config
+from flexmarl.models.loading import load_model, resolve_model
+from flexmarl.orchestrator.coverage import training_coverage
+from flexmarl.training.snapshots import SNAPSHOTS, load_weights, snapshot_uri
+from storage.store import ExperienceStore
+from storage.verify import verify_store
+
+STEPS = 2
+# Heartbeats can lag for seconds while a fresh worker imports torch on a loaded machine: only the test of
+# heartbeat detection shortens it.
+SETTINGS = [f"train.steps={STEPS}", "cluster.heartbeat_timeout_s=120", "rollout.request_timeout_s=60"]
+
+
+def tiny(*extra: str) -> RunConfig:
+    return load_config(preset="tiny", overrides=[*SETTINGS, *extra])
+
+
+@pytest.fixture(scope="package")
+def settings() -> list[str]:
+    """The overrides of the tiny preset every reliability test runs with (for command-line runs)."""
+    return list(SETTINGS)
+
+
+@pytest.fixture(scope="package")
+def tiny_config():
+    """``tiny(*overrides)``: the tiny preset with the reliability tests' settings (short fault detection)."""
+    return tiny
+
+
+@pytest.fixture(scope="package")
+def address():
+    with open_cluster(ClusterConfig(n_workers=2)) as addr:
+        yield addr
+
+
+@pytest.fixture(scope="package")
+def reference(address: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
+    """Every agent's final weights after an uninterrupted run of the same config and seed."""
+    _, weights = train(tiny(), tmp_path_factory.mktemp("reference") / "run", address)
+    return weights
+
+
+def final_weights(run_dir: Path, cfg: RunConfig) -> dict[str, dict[str, torch.Tensor]]:
+    """The final weights as the run wrote them: each agent's training-state snapshot of its last version."""
+    root = str(run_dir / "state" / SNAPSHOTS)
+    return {a: load_weights(snapshot_uri(root, a, cfg.train.steps)) for a in cfg.agents}
+
+
+@pytest.fixture(scope="package")
+def assert_exact(reference: dict):
+    """``assert_exact(run_dir, cfg, weights)``: see ``check_exact``."""
+    return lambda run_dir, cfg, weights: check_exact(run_dir, cfg, weights, reference)
+
+
+@pytest.fixture(scope="package")
+def weights_of():
+    """``weights_of(run_dir, cfg)``: see ``final_weights``."""
+    return final_weights
+
+
+def check_exact(run_dir: Path, cfg: RunConfig, weights: dict, reference: dict) -> None:
+    """The run's store verifies, it trained every planned prompt exactly once per step, and its weights equal
+    the uninterrupted run's (the weights moved, so this is not trivially true)."""
+    store = ExperienceStore(run_dir / "store")
+    assert verify_store(store) == []
+    coverage = training_coverage(store, cfg)
+    assert coverage.steps == cfg.train.steps and coverage.exact, coverage
+    assert max_weight_diff(reference, weights) <= WEIGHT_TOLERANCE
+    # the tiny solver never answers right (no reward signal), but the verifier's weights must have moved
+    initial = load_model(resolve_model(cfg.agents["verifier"].model, seed=cfg.train.seed)).state_dict()
+    assert max(float((weights["verifier"][k] - initial[k]).abs().max()) for k in initial) > 1e-4

@@ -711,20 +711,13 @@ class PipelineRunner:
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
 
-        The policy decides (``training_due``); oldest ready data first.
+        The policy decides (``training_work``).
         """
         step = self.versions[agent]  # the update to step + 1 consumes step's batch
         if self.blocked[agent] or (agent, step) not in self.micro:
             return None
-        batches = self.micro[(agent, step)]
-        ready = [m for m in batches if m.committed and not m.submitted]
-        due = self.policy.training_due(agent, step, self.complete, ready=bool(ready), queued=self.queued[agent],
-                                       all_trained=all(m.trained for m in batches))
-        if due == "micro":
-            return ready[0].committed_at, ready[0]
-        if due == "finish":
-            return max(m.committed_at for m in batches), None
-        return None
+        return self.policy.training_work(agent, step, self.micro[(agent, step)], self.complete,
+                                         queued=self.queued[agent])
 
     def _on_trained(self, mb: MicroBatch, worker: str) -> None:
         mb.trained = True

@@ -84,6 +84,22 @@ class SchedulePolicy:
             return "finish"
         return None
 
+    def training_work(self, agent: str, step: int, batches: Sequence, complete: dict[str, set[int]], *,
+                      queued: int) -> tuple[float, object | None] | None:
+        """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
+
+        ``batches`` are the agent's micro-batches of ``step`` (with ``committed``, ``submitted``, ``trained``
+        and ``committed_at``); oldest ready data first.
+        """
+        ready = [m for m in batches if m.committed and not m.submitted]
+        due = self.training_due(agent, step, complete, ready=bool(ready), queued=queued,
+                                all_trained=all(m.trained for m in batches))
+        if due == "micro":
+            return ready[0].committed_at, ready[0]
+        if due == "finish":
+            return max(m.committed_at for m in batches), None
+        return None
+
     @staticmethod
     def pick_slot(free: Sequence[str], *preferred: str | None) -> str:
         """The training slot an agent binds: the first of ``preferred`` that is free (where its state was read

@@ -682,15 +682,8 @@ class Simulation:
         step = self.versions[agent]
         if self.blocked[agent] or (agent, step) not in self.micro:
             return None
-        batches = self.micro[(agent, step)]
-        ready = [m for m in batches if m.committed and not m.submitted]
-        due = self.policy.training_due(agent, step, self.complete, ready=bool(ready), queued=self.queued[agent],
-                                       all_trained=all(m.trained for m in batches))
-        if due == "micro":
-            return ready[0].committed_at, ready[0]
-        if due == "finish":
-            return max(m.committed_at for m in batches), None
-        return None
+        return self.policy.training_work(agent, step, self.micro[(agent, step)], self.complete,
+                                         queued=self.queued[agent])
 
     def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
         self._touch(agent)

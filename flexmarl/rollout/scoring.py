@@ -11,8 +11,8 @@ from flexmarl.meg.spec import MEGSpec
 from flexmarl.rollout.episodes import Episode, NodeOutput
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import agent_scaled, group_advantages
-from flexmarl.workloads.registry import REWARDS
-from flexmarl.workloads.rewards import RewardInput
+from flexmarl.workloads.registry import BALANCED_BY, REWARDS
+from flexmarl.workloads.rewards import RewardInput, class_balanced
 from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, SampleStatus
 from storage.store import now
 
@@ -24,11 +24,14 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
 
     Each agent's ``advantage`` setting says how: 'group' scales by the group's std; 'group_mean' and
     'agent' only centre here ('agent' is scaled once the agent's whole batch is known: ``scale_by_agent``).
-    A reward function that raises marks its episode failed (``episode.error``); a failed episode's
-    samples keep no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped
+    Rewards listed in ``BALANCED_BY`` (the verifier's ``verdict_balanced``) are then reweighted within each
+    group so that every class of sample weighs the same (``rewards.class_balanced``).
+
+    A reward function that raises marks its episode failed (``episode.error``); a failed episode's samples keep no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped
     have no output, so they get no reward and join no group: a group holds only the samples that exist.
     """
     graph = spec.graph.expanded
+    classes: dict[int, object] = {}  # id(output) -> its class, for the rewards balanced within a group
     for ep in episodes:
         parsed = {node: out.parsed for node, out in ep.outputs.items()}
         final = final_nodes(ep, spec)
@@ -36,9 +39,11 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
         for node, out in ep.outputs.items():
             reward_name = spec.agents[out.agent].reward
             try:
-                rewards[node] = float(REWARDS[reward_name](RewardInput(
-                    node, out.parsed, ep.task, parsed, [p for p in graph.parents(node) if p in ep.outputs], final,
-                )))
+                x = RewardInput(node, out.parsed, ep.task, parsed, [p for p in graph.parents(node) if p in ep.outputs],
+                                final)
+                rewards[node] = float(REWARDS[reward_name](x))
+                if reward_name in BALANCED_BY:
+                    classes[id(out)] = BALANCED_BY[reward_name](x)
             except Exception as exc:  # noqa: BLE001 - reward code may fail on odd outputs: record and go on
                 ep.error = f"reward {reward_name!r} of node {node!r} failed: {type(exc).__name__}: {exc}"
                 log.warning("episode %s failed, the run goes on without its samples: %s; fix that reward function "
@@ -54,6 +59,10 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
             for node, out in ep.outputs.items():
                 groups[(ep.task.input_id, node)].append(out)
     for outs in groups.values():
+        if id(outs[0]) in classes:
+            for out, r in zip(outs, class_balanced([o.reward for o in outs], [classes[id(o)] for o in outs]),
+                              strict=True):
+                out.reward = r
         trainer = trainers[outs[0].agent]
         advantages = group_advantages(
             [o.reward for o in outs], ["g"] * len(outs), eps=trainer.adv_eps, scale=trainer.advantage == "group"

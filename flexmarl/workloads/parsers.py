@@ -35,6 +35,15 @@ def verdict(text: str) -> str | None:
     return "correct" if match.group(1).lower() in POSITIVE else "incorrect"
 
 
+DIGIT = re.compile(r"\d")
+
+
+def first_digit(text: str) -> str | None:
+    """The first digit character in the text (``"ab7c3"`` -> ``"7"``)."""
+    match = DIGIT.search(text)
+    return match.group(0) if match else None
+
+
 def text(response: str) -> str | None:
     """The response itself, stripped; ``None`` when it is empty (e.g. a planner's plan)."""
     return response.strip() or None

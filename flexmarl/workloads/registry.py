@@ -15,16 +15,26 @@ PARSERS: dict[str, Callable[[str], str | None]] = {
     "last_number": parsers.last_number,
     "verdict": parsers.verdict,
     "text": parsers.text,
+    "first_digit": parsers.first_digit,
     "python_code": parsers.python_code,
 }
 
 REWARDS: dict[str, Callable[[rewards.RewardInput], float]] = {
     "correct_answer": rewards.correct_answer,
     "verdict_matches": rewards.verdict_matches,
+    "verdict_balanced": rewards.verdict_matches,  # class-balanced within the group: BALANCED_BY
+    "copies_question": rewards.copies_question,
+    "copies_parent": rewards.copies_parent,
     "final_correct": rewards.final_correct,
     "passes_tests": rewards.passes_tests,
     "asserts_agree": rewards.asserts_agree,
     "code_verdict_matches": rewards.code_verdict_matches,
+}
+
+# Rewards reweighted within each GRPO group so that every class present weighs the same
+# (``rewards.class_balanced``), by a function naming a sample's class.
+BALANCED_BY: dict[str, Callable[[rewards.RewardInput], object]] = {
+    "verdict_balanced": rewards.parent_correct,
 }
 
 # Task fields a reward reads beyond ``question`` and the answer; a config whose data lacks them is refused.

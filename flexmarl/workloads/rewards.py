@@ -42,6 +42,32 @@ def verdict_matches(x: RewardInput) -> float:
     return float((x.parsed == "correct") == truth)
 
 
+def parent_correct(x: RewardInput) -> bool:
+    """Whether the first parent's answer is right: the class a verdict on it is judged against."""
+    return bool(x.parents) and _is_correct(x.parsed_outputs.get(x.parents[0]), x.task.answer)
+
+
+def class_balanced(rewards: list[float], classes: list[object]) -> list[float]:
+    """Reweight a group's rewards so that every class present carries the same total weight.
+
+    A sample of a class with ``k`` members in a group of ``n`` with ``c`` classes present is weighted
+    ``n / (c * k)``: the group's mean becomes the mean over classes of each class's mean reward (the
+    balanced accuracy, for agreement rewards), and a group of one class keeps its rewards. A verifier then
+    earns no more by always saying "incorrect" to a mostly wrong solver than by always saying "correct".
+
+    Example:
+        >>> class_balanced([1.0, 1.0, 1.0, 0.0], [False, False, False, True])  # always "incorrect"
+        [0.6666666666666666, 0.6666666666666666, 0.6666666666666666, 0.0]
+    """
+    if len(rewards) != len(classes):
+        raise ValueError(f"{len(rewards)} rewards for {len(classes)} classes")
+    counts: dict[object, int] = {}
+    for c in classes:
+        counts[c] = counts.get(c, 0) + 1
+    n, present = len(rewards), len(counts)
+    return [r * n / (present * counts[c]) for r, c in zip(rewards, classes, strict=True)]
+
+
 def final_correct(x: RewardInput) -> float:
     """The share of the episode's final nodes (e.g. the aggregator) whose answer is correct.
 
@@ -50,6 +76,29 @@ def final_correct(x: RewardInput) -> float:
     if not x.final:
         return 0.0
     return sum(_is_correct(x.parsed_outputs.get(n), x.task.answer) for n in x.final) / len(x.final)
+
+
+# --- copy_digits (workloads/synthetic.py): rewards a model trained from scratch can climb ---
+
+FORMAT_CREDIT = 0.2  # a digit that is not the target: pays for the format, far below the target's 1.0
+
+
+def _digit_score(parsed: str | None, target: str | None) -> float:
+    if parsed is None or target is None:
+        return 0.0
+    return 1.0 if parsed == target else FORMAT_CREDIT
+
+
+def copies_question(x: RewardInput) -> float:
+    """1.0 when the node's first digit is the task's answer, ``FORMAT_CREDIT`` for another digit, else 0."""
+    return _digit_score(x.parsed, x.task.answer[:1] or None)
+
+
+def copies_parent(x: RewardInput) -> float:
+    """1.0 when the node's first digit is its first parent's, ``FORMAT_CREDIT`` for another digit, else 0."""
+    if not x.parents:
+        raise ValueError(f"node {x.node!r}: copies_parent needs a parent node to copy")
+    return _digit_score(x.parsed, x.parsed_outputs.get(x.parents[0]))
 
 
 # --- code (HumanEval): the task's fields hold the stub (question) and entry_point, its answer the tests ---

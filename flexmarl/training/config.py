@@ -80,8 +80,8 @@ class TrainerConfig(Strict):
     """DAPO's dynamic sampling: drop the GRPO groups whose rewards have no variance (all equal, and every
     group of one) before training. Their advantages are 0, so they carry no policy gradient, yet they cost a
     forward/backward and dilute the normaliser (they count as responses or tokens). Dropped samples stay in
-    the store (status 'rewarded', advantage 0) but no update consumes them; each update counts them in
-    ``groups/dropped_zero_variance``. A micro-batch left empty is not trained; a global batch left empty
+    the store (status 'rewarded', advantage 0) but no update consumes them; each update reports how many groups it
+    dropped as ``groups/dropped_zero_variance``. A micro-batch left empty is not trained; a global batch left empty
     still completes its step: the version advances (versions count global batches) with the weights, the
     optimizer and the lr schedule untouched, and the update consumes nothing. Dropped groups are not
     replaced by new queries (DAPO's over-sampling), so a batch trains on fewer groups. With ``kl_coef`` > 0

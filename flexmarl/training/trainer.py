@@ -253,7 +253,8 @@ class AgentTrainer:
         for name, p in self.model.named_parameters():
             p.grad = (self._grad_sum[name] / norm).to(p.dtype)
         del self._grad_sum
-        metrics = {"loss/policy": self._loss_sum / norm, "micro_batches": float(self._micro)}
+        metrics = {"loss/policy": self._loss_sum / norm, "loss/normaliser": float(norm),
+                   "micro_batches": float(self._micro)}
         metrics.update({f"policy/{k}": v / self._micro for k, v in self._stats.items()})
         metrics["policy/is_weight_mean"] = self._is_sum / max(self._tokens, 1)
         metrics["policy/is_weight_at_cap"] = self._is_at_cap / max(self._tokens, 1)

@@ -176,7 +176,8 @@ def test_dynamic_sampling_drops_zero_variance_groups_in_every_mode(tmp_path: Pat
     monkeypatch.setitem(REWARDS, "verdict_matches", mixed)
     weights, stores = {}, {}
     for mode in ("sync", "flexmarl"):
-        cfg = load_config(preset="tiny", overrides=[*SMALL, *MODES[mode], "training.dynamic_sampling=true"])
+        cfg = load_config(preset="tiny", overrides=[*SMALL, *MODES[mode], "training.dynamic_sampling=true",
+                                                    "training.loss_type=dr_grpo"])
         _, weights[mode] = run_mode(cfg, tmp_path / mode, address)
         stores[mode] = ExperienceStore(tmp_path / mode / "store")
     assert max_diff(weights["sync"], weights["flexmarl"]) <= 1e-5
@@ -202,6 +203,8 @@ def test_dynamic_sampling_drops_zero_variance_groups_in_every_mode(tmp_path: Pat
             dropped = sum(len({r["reward"] for r in g}) == 1 for g in groups.values())
             assert set(update["consumed_ids"]) == kept, (agent, step)
             assert dict(update["metrics"])["groups/dropped_zero_variance"] == dropped
+            if kept:  # dr_grpo: the dropped samples are not in the normaliser, and the agent's max_new_tokens is
+                assert dict(update["metrics"])["loss/normaliser"] == len(kept) * cfg.agents[agent].sampling.max_new_tokens
             if agent == "solver":
                 assert update["consumed_ids"] == [] and dropped == cfg.train.queries_per_step
                 assert dict(update["metrics"])["micro_batches"] == 0

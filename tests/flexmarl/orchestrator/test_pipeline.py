@@ -204,7 +204,8 @@ def test_dynamic_sampling_drops_zero_variance_groups_in_every_mode(tmp_path: Pat
             assert set(update["consumed_ids"]) == kept, (agent, step)
             assert dict(update["metrics"])["groups/dropped_zero_variance"] == dropped
             if kept:  # dr_grpo: the dropped samples are not in the normaliser, and the agent's max_new_tokens is
-                assert dict(update["metrics"])["loss/normaliser"] == len(kept) * cfg.agents[agent].sampling.max_new_tokens
+                max_new_tokens = cfg.agents[agent].sampling.max_new_tokens
+                assert dict(update["metrics"])["loss/normaliser"] == len(kept) * max_new_tokens
             if agent == "solver":
                 assert update["consumed_ids"] == [] and dropped == cfg.train.queries_per_step
                 assert dict(update["metrics"])["micro_batches"] == 0

@@ -88,7 +88,7 @@ def reference_gradient(tiny_dir, batch: TrainBatch, *, loss_type: str, temperatu
     from flexmarl.models.loading import load_model
 
     model = load_model(tiny_dir)
-    total, per_response = 0.0, []
+    per_response = []
     for prompt, response, behaviour, adv in zip(batch.prompt_ids, batch.response_ids, batch.logprobs,
                                                 batch.advantages, strict=True):
         ids = torch.tensor([prompt + response])
@@ -129,7 +129,8 @@ def test_the_update_applies_the_reference_gradient(tiny_dir, loss_type: str) -> 
     assert max(float((seen[n] - expected[n]).abs().max()) for n in expected) <= 1e-4 * scale
     # two of the shifted tokens sit above the cap (e^1, e^1.5 > 2); the weight of the rest is ~1
     assert result.metrics["policy/is_weight_at_cap"] == pytest.approx(2 / batch.num_tokens)
-    weights = [min(math.exp(shift.get((i, t), 0.0)), 2.0) for i, r in enumerate(batch.response_ids) for t in range(len(r))]
+    weights = [min(math.exp(shift.get((i, t), 0.0)), 2.0)
+               for i, r in enumerate(batch.response_ids) for t in range(len(r))]
     assert result.metrics["policy/is_weight_mean"] == pytest.approx(sum(weights) / len(weights), abs=1e-4)
 
 

@@ -8,7 +8,8 @@ once (duplicated), samples an update trained that its step did not plan (unplann
 which an agent trained nothing in their step (skipped).
 
 Samples that cannot be trained by design are not counted as lost: nodes a loop's early stop skipped (never
-generated) and samples of an episode whose reward failed (stored as ``generated``).
+generated), samples of an episode whose reward failed (stored as ``generated``), and, for an agent with
+``training.dynamic_sampling``, the samples of groups whose rewards have no variance (stored, never consumed).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow.compute as pc
 
 from flexmarl.config import RunConfig
 from flexmarl.rollout.episodes import sample_id
+from flexmarl.rollout.scoring import trainable_samples
 from flexmarl.workloads.datasets import TaskStream, load_tasks
 from storage.schema import SampleStatus
 from storage.store import EPISODES, UPDATES, ExperienceStore
@@ -53,10 +55,12 @@ def training_coverage(store: ExperienceStore, cfg: RunConfig) -> Coverage:
     steps = min(min(versions.values()), cfg.train.steps)
     lost = duplicated = unplanned = prompts_skipped = 0
     for agent in cfg.agents:
-        samples = store.read_samples(agent, columns=["sample_id", "status"])
+        samples = store.read_samples(agent, columns=["sample_id", "status", "input_id", "node", "reward"])
         ids = samples["sample_id"].to_pylist()
         duplicated += len(ids) - len(set(ids))  # stored twice
-        untrainable = set(samples.filter(pc.field("status") == SampleStatus.GENERATED.value)["sample_id"].to_pylist())
+        rewarded = samples.filter(pc.field("status") == SampleStatus.REWARDED.value)
+        trained, _ = trainable_samples(rewarded, dynamic_sampling=cfg.trainer_config(agent).dynamic_sampling)
+        untrainable = set(ids) - set(trained["sample_id"].to_pylist())  # not rewarded, or dropped
         mine = updates.filter(pc.field("agent") == agent)
         consumed_by = dict(zip(mine["policy_version"].to_pylist(), mine["consumed_ids"].to_pylist(), strict=True))
         counts = Counter(sid for consumed in consumed_by.values() for sid in consumed)

@@ -37,7 +37,7 @@ from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
 from flexmarl.rollout.balancer import InterAgentBalancer, Move, Replica, move_slot
 from flexmarl.rollout.episodes import Episode, EpisodeGraph, request_seed
-from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score
+from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score, trainable_samples
 from flexmarl.training import slot, snapshots
 from flexmarl.workloads.datasets import TaskStream
 from storage.schema import SampleStatus
@@ -115,6 +115,7 @@ class MicroBatch:
     queries: set[int]  # query indices whose groups it holds
     done_queries: set[int] = field(default_factory=set)
     sample_ids: list[str] = field(default_factory=list)  # rewarded samples: what the trainer consumes
+    dropped_groups: int = 0  # zero-variance groups left out of sample_ids (training.dynamic_sampling)
     delta_version: int | None = None
     committed_at: float = 0.0
     submitted: bool = False  # sent to the trainer
@@ -428,9 +429,11 @@ class PipelineRunner:
             mb.submitted = mb.trained = True
         else:
             rewarded = rows.filter(pc.field("status") == SampleStatus.REWARDED.value)
-            mb.sample_ids = rewarded["sample_id"].to_pylist()
+            trained, mb.dropped_groups = trainable_samples(
+                rewarded, dynamic_sampling=self.trainer_cfg[mb.agent].dynamic_sampling)
+            mb.sample_ids = trained["sample_id"].to_pylist()
             self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
-            self.lags[(mb.agent, mb.step)] += [mb.step - v for v in rewarded["policy_version"].to_pylist()]
+            self.lags[(mb.agent, mb.step)] += [mb.step - v for v in trained["policy_version"].to_pylist()]
             if not mb.sample_ids:
                 mb.submitted = mb.trained = True
         if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
@@ -568,11 +571,13 @@ class PipelineRunner:
         mb.delta_version = commit.version
         mb.committed_at = time.time()
         rewarded = rows.filter(pc.field("status") == SampleStatus.REWARDED.value)
-        mb.sample_ids = rewarded["sample_id"].to_pylist()
+        trained, mb.dropped_groups = trainable_samples(
+            rewarded, dynamic_sampling=self.trainer_cfg[mb.agent].dynamic_sampling)
+        mb.sample_ids = trained["sample_id"].to_pylist()
         self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
-        self.lags[(mb.agent, mb.step)] += [mb.step - v for v in rewarded["policy_version"].to_pylist()]
+        self.lags[(mb.agent, mb.step)] += [mb.step - v for v in trained["policy_version"].to_pylist()]
         if not mb.sample_ids:
-            mb.submitted = mb.trained = True  # nothing to learn from (every episode failed)
+            mb.submitted = mb.trained = True  # nothing to learn from (every episode failed, or no variance)
         if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
             self.complete[mb.agent].add(mb.step)
 
@@ -738,18 +743,19 @@ class PipelineRunner:
         batches = self.micro.pop((agent, step))
         rewards = self.rewards.pop((agent, step), [])
         lags = self.lags.pop((agent, step), [])
-        # The consumption record and the version bump are one commit. A skipped (NaN) update is recorded
-        # too, consuming nothing, so that versions stay contiguous.
+        # The consumption record and the version bump are one commit. A skipped (NaN) or empty update is
+        # recorded too, consuming nothing, so that versions stay contiguous.
+        metrics = {**result.metrics, "groups/dropped_zero_variance": float(sum(m.dropped_groups for m in batches))}
         with self._timing_store():
             self.store.record_update(
                 agent, result.policy_version, result.consumed_ids,
                 samples_version=max(m.delta_version for m in batches), num_tokens=result.num_tokens,
-                metrics={**result.metrics, "skipped": float(result.skipped)},
+                metrics={**metrics, "skipped": float(result.skipped)},
             )
         self.versions[agent] = result.policy_version
         event = UpdateEvent(
             agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens,
-            sum(rewards) / len(rewards) if rewards else None, result.metrics, time.time() - self.t0, result.skipped,
+            sum(rewards) / len(rewards) if rewards else None, metrics, time.time() - self.t0, result.skipped,
             sum(lags) / len(lags) if lags else 0.0, len(self.waiting[agent]),
         )
         self.updates.append(event)

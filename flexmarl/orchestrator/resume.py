@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from flexmarl.rollout.backend import GenerationResult
 from storage.store import EPISODES, ExperienceStore
 
-COLUMNS = ["sample_id", "input_id", "step", "policy_version", "prompt_ids", "response_ids", "logprobs",
+COLUMNS = ["sample_id", "input_id", "node", "step", "policy_version", "prompt_ids", "response_ids", "logprobs",
            "finish_reason", "status", "reward"]
 
 
@@ -39,7 +39,7 @@ class StoredStep:
     """One agent's committed rows of one step, and the Delta version they were read at."""
 
     version: int
-    rows: pa.Table  # sample_id, input_id, policy_version, status, reward
+    rows: pa.Table  # sample_id, input_id, node, policy_version, status, reward
 
     def of_inputs(self, input_ids: Iterable[str]) -> pa.Table:
         return self.rows.filter(pc.field("input_id").isin(pa.array(list(input_ids), pa.string())))
@@ -89,6 +89,6 @@ class StoredRollout:
                     r["sample_id"], r["response_ids"], r["logprobs"], r["finish_reason"], r["policy_version"],
                 ))
             committed[agent] = StoredStep(
-                dt.version(), rows.select(["sample_id", "input_id", "policy_version", "status", "reward"])
+                dt.version(), rows.select(["sample_id", "input_id", "node", "policy_version", "status", "reward"])
             )
         return results, committed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Hashable, Sequence
 
 import pyarrow as pa
 
@@ -83,6 +84,38 @@ def scale_by_agent(outputs: list[NodeOutput], *, eps: float) -> None:
     for out, adv in zip(scored, agent_scaled([o.advantage for o in scored], [o.reward for o in scored], eps=eps),
                         strict=True):
         out.advantage = adv
+
+
+def zero_variance_groups(keys: Sequence[Hashable], rewards: Sequence[float]) -> set[Hashable]:
+    """The GRPO groups (samples sharing a key) whose rewards are all equal, a group of one included.
+
+    Their advantages are exactly 0 in every ``advantage`` mode, so they carry no policy gradient (DAPO's
+    dynamic sampling drops them).
+
+    >>> sorted(zero_variance_groups(["a", "a", "b", "b", "c"], [1.0, 0.0, 1.0, 1.0, 0.5]))
+    ['b', 'c']
+    """
+    by_key: dict[Hashable, list[float]] = defaultdict(list)
+    for key, reward in zip(keys, rewards, strict=True):
+        by_key[key].append(reward)
+    return {key for key, values in by_key.items() if max(values) == min(values)}
+
+
+def trainable_samples(rewarded: pa.Table, *, dynamic_sampling: bool) -> tuple[pa.Table, int]:
+    """The rows of a micro-batch's rewarded samples the trainer consumes, and the groups dropped.
+
+    ``rewarded`` holds whole GRPO groups (``input_id``, ``node``) with their ``reward``. Without
+    ``dynamic_sampling`` every row is trained; with it, the zero-variance groups are left out (they stay in
+    the store, unconsumed).
+    """
+    if not dynamic_sampling or not rewarded.num_rows:
+        return rewarded, 0
+    keys = list(zip(rewarded["input_id"].to_pylist(), rewarded["node"].to_pylist(), strict=True))
+    dropped = zero_variance_groups(keys, rewarded["reward"].to_pylist())
+    if not dropped:
+        return rewarded, 0
+    keep = pa.array([key not in dropped for key in keys], pa.bool_())
+    return rewarded.filter(keep), len(dropped)
 
 
 def sample_rows(episodes: list[Episode], agent: str) -> pa.Table:

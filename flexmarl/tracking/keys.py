@@ -3,9 +3,14 @@
 Every tracker logs these names, so a dashboard built on them keeps working as the trainer grows new
 statistics. The groups:
 
-    <agent>/reward/mean            mean reward of the samples the update trained on (absent when none was rewarded)
+    <agent>/reward/mean            mean reward of the step's rewarded samples, groups dropped by dynamic sampling
+                                   included (absent when none was rewarded)
     <agent>/loss/policy            the policy loss of the global batch
+    <agent>/loss/normaliser        what the summed losses were divided by (loss_type: responses, tokens, or
+                                   responses x max_new_tokens)
     <agent>/policy/<stat>          the trainer's batch statistics: clipfrac, ratio_mean, kl, stale_fraction, ...
+                                   is_weight_mean, is_weight_at_cap (importance weights to the rollout policy)
+    <agent>/groups/dropped_zero_variance  groups left out by training.dynamic_sampling (0 without it)
     <agent>/optim/grad_norm        gradient norm before clipping (when training.max_grad_norm is set)
     <agent>/batch/samples          samples the update trained on
     <agent>/batch/tokens           their response tokens

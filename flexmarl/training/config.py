@@ -52,15 +52,41 @@ class TrainerConfig(Strict):
     0: constant lr from the first update. Its state moves with the agent's training state."""
     weight_decay: float = Field(0.0, ge=0)
     clip_eps: float = Field(0.2, gt=0)
-    """PPO clip range of the probability ratio."""
+    """PPO clip range of the probability ratio to the proximal policy: [1 - clip_eps, 1 + clip_eps_high].
+    The proximal policy is the current weights (decoupled PPO, see ``is_cap``) and FlexMARL takes one
+    optimizer step per global batch, so the ratio is exactly 1 and the clip does not bind today (as in
+    TRL with ``num_iterations=1``); it would with several optimizer steps per batch. The rollout/trainer
+    mismatch is bounded by ``is_cap`` instead. Metric ``policy/clipfrac``: the share of response tokens
+    whose clipped branch is active (as TRL and verl count it)."""
+    clip_eps_high: float | None = Field(None, gt=0)
+    """Upper clip range (DAPO's clip-higher, 0.28 in the paper): the ratio is clipped to
+    [1 - clip_eps, 1 + clip_eps_high], so that low-probability tokens with a positive advantage can grow
+    more before the clip stops them. null: the same as ``clip_eps`` (the symmetric PPO clip)."""
     micro_batch_size: int = Field(4, ge=1)
     """Samples per forward/backward; gradients accumulate over the agent's global batch."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Gradient clipping norm; null turns clipping off."""
     is_cap: float = Field(2.0, gt=0)
-    """Cap of the importance weight current/behaviour policy for stale samples (``max_staleness`` > 0)."""
+    """Cap of the per-token importance weight min(pi_current / pi_behaviour, is_cap), which corrects every
+    sample from the policy that generated it (the rollout engine's log-probs) to the current weights
+    (decoupled PPO, AReaL's 'clamp'; TRL's truncated IS). Fresh samples take the same path: the weight is 1
+    when the rollout engine and the trainer agree, and a numerics mismatch (a bf16 engine against a float32
+    trainer) cannot silently clip their gradients. Stale samples (``max_staleness`` > 0) are corrected for
+    their older policy. Metrics: ``policy/is_weight_mean`` and ``policy/is_weight_at_cap`` (share of
+    response tokens at the cap)."""
     adv_eps: float = Field(1e-6, gt=0)
     """Added to the group's reward standard deviation when normalising advantages."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop the GRPO groups whose rewards have no variance (all equal, and every
+    group of one) before training. Their advantages are 0, so they carry no policy gradient, yet they cost a
+    forward/backward and dilute the normaliser (they count as responses or tokens). Dropped samples stay in
+    the store (status 'rewarded', advantage 0) but no update consumes them; each update reports how many groups it
+    dropped as ``groups/dropped_zero_variance``. A micro-batch left empty is not trained; a global batch left empty
+    still completes its step: the version advances (versions count global batches) with the weights, the
+    optimizer and the lr schedule untouched, and the update consumes nothing. Dropped groups are not
+    replaced by new queries (DAPO's over-sampling), so a batch trains on fewer groups. With ``kl_coef`` > 0
+    the dropped samples' KL term is lost too. Off by default, as in TRL and verl (DAPO turns it on): it
+    changes the effective batch size and so the step size tuned for a preset."""
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

@@ -16,8 +16,9 @@ def group_advantages(
 ) -> list[float]:
     """GRPO advantages: each reward minus its group's mean, over the group's standard deviation.
 
-    The standard deviation is the unbiased one (as in TRL); a group of equal rewards gets zero advantages.
-    ``scale=False`` keeps the centring only (Dr. GRPO).
+    The standard deviation is the unbiased one (as in TRL); a group of equal rewards (a group of one
+    included) gets exactly zero advantages, not the rounding error of its mean. ``scale=False`` keeps the
+    centring only (Dr. GRPO).
     """
     r = torch.tensor(rewards, dtype=torch.float64)
     out = torch.zeros_like(r)
@@ -25,6 +26,8 @@ def group_advantages(
     for g in set(keys):
         idx = torch.tensor([i for i, k in enumerate(keys) if k == g])
         vals = r[idx]
+        if bool(vals.max() == vals.min()):  # no variance: no signal (and dynamic sampling drops the group)
+            continue
         centred = vals - vals.mean()
         if scale:
             std = vals.std() if len(vals) > 1 else torch.tensor(0.0, dtype=torch.float64)
@@ -77,20 +80,28 @@ def policy_loss(
     *,
     clip_eps: float,
     loss_type: str,
-    is_weights: torch.Tensor | None = None,  # (B, T) importance weights for stale samples; None = 1
+    clip_eps_high: float | None = None,  # upper clip range (DAPO clip-higher); None = clip_eps
+    is_weights: torch.Tensor | None = None,  # (B, T) importance weights proximal/behaviour; None = 1
     ref_logprobs: torch.Tensor | None = None,  # (B, T) under the frozen reference, when kl_coef > 0
     kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip surrogate with GRPO advantages, summed over a micro-batch as ``loss_type`` says.
 
-    The sum is not yet normalised: the caller divides the accumulated gradient by
-    ``batch_normaliser(...)`` of the whole global batch, so micro-batches add up to the full-batch
-    gradient even when the global batch's size is known only at its end (pipelined training).
+    The ratio is clipped to ``[1 - clip_eps, 1 + clip_eps_high]`` (asymmetric with clip-higher). The sum is
+    not yet normalised: the caller divides the accumulated gradient by ``batch_normaliser(...)`` of the whole
+    global batch, so micro-batches add up to the full-batch gradient even when the global batch's size is
+    known only at its end (pipelined training).
+
+    ``clipfrac`` counts the response tokens whose clipped branch is the one the minimum picks, as TRL and
+    verl do: ratio below ``1 - clip_eps`` with a negative advantage, or above ``1 + clip_eps_high`` with a
+    positive one. A token outside the range on the other side keeps its unclipped (more pessimistic) term
+    and its gradient, so it is not counted.
     """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
     adv = advantages.unsqueeze(-1)  # (B, 1)
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * adv
     token_loss = -torch.minimum(unclipped, clipped)  # (B, T)
     if is_weights is not None:
         token_loss = token_loss * is_weights
@@ -101,8 +112,9 @@ def policy_loss(
     loss = LOSS_TYPES[loss_type][0](token_loss, mask)
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
+        clip_active = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))  # (B, T)
         stats = {
-            "clipfrac": float(((unclipped != clipped).float() * mask).sum() / n),
+            "clipfrac": float((clip_active.float() * mask).sum() / n),
             "ratio_mean": float((ratio * mask).sum() / n),
         }
         if kl is not None:

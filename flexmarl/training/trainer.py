@@ -68,6 +68,8 @@ class UpdateResult:
     num_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)
     skipped: bool = False  # True when the loss was not finite: weights untouched
+    # An empty update (nothing to train: consumed_ids == [], metrics micro_batches 0) is not skipped: it had
+    # nothing to skip, and it leaves the weights untouched too.
 
 
 class AcceleratorConflict(RuntimeError):
@@ -178,6 +180,7 @@ class AgentTrainer:
         self._loss_sum = 0.0
         self._stats: dict[str, float] = defaultdict(float)
         self._micro = 0
+        self._is_sum = self._is_at_cap = 0.0  # importance weights summed, and tokens at the cap
 
     @property
     def step_under_way(self) -> bool:
@@ -195,22 +198,23 @@ class AgentTrainer:
         behaviour = torch.zeros_like(logp)
         for i, lp in enumerate(batch.logprobs):
             behaviour[i, : len(lp)] = torch.tensor(lp)
-        # Samples from an older version (opt-in staleness): clip against the current weights (the
-        # proximal policy) and correct with capped importance weights current/behaviour (decoupled PPO).
-        stale = torch.tensor([v < self.version for v in batch.versions], device=device).unsqueeze(-1)  # (B, 1)
-        old = torch.where(stale, logp.detach(), behaviour)
-        is_weights = None
-        if bool(stale.any()):
-            ratio_to_behaviour = torch.exp(logp.detach() - behaviour).clamp(max=self.config.is_cap)
-            is_weights = torch.where(stale, ratio_to_behaviour, torch.ones_like(logp))
+        # Decoupled PPO for every sample: clip against the current weights (the proximal policy: one
+        # optimizer step per global batch, so these are the weights before it) and correct from the policy
+        # that generated the sample with capped importance weights current/behaviour. A stale sample's weight
+        # corrects its older version; a fresh one's is 1 up to the rollout engine's numerics, and capping it
+        # keeps a bf16 engine/trainer mismatch from clipping (or blowing up) its gradient.
+        old = logp.detach()
+        to_behaviour = torch.exp(logp.detach() - behaviour)  # (B, T)
+        is_weights = to_behaviour.clamp(max=self.config.is_cap)
+        stale = torch.tensor([v < self.version for v in batch.versions], device=device)  # (B,)
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad():
                 ref_logp, _ = response_logprobs(self.reference, batch, self.temperature, device)
         loss, stats = policy_loss(
             logp, old, torch.tensor(batch.advantages, dtype=logp.dtype, device=device), mask,
-            clip_eps=self.config.clip_eps, loss_type=self.config.loss_type, is_weights=is_weights,
-            ref_logprobs=ref_logp, kl_coef=self.config.kl_coef,
+            clip_eps=self.config.clip_eps, clip_eps_high=self.config.clip_eps_high,
+            loss_type=self.config.loss_type, is_weights=is_weights, ref_logprobs=ref_logp, kl_coef=self.config.kl_coef,
         )
         self.accelerator.backward(loss)
         for name, p in self.model.named_parameters():
@@ -222,23 +226,38 @@ class AgentTrainer:
         self._responses += len(batch)
         self._tokens += batch.num_tokens
         self._micro += 1
+        with torch.no_grad():  # token-weighted over the whole update (unlike the per-micro-batch means)
+            self._is_sum += float((is_weights * mask).sum())
+            self._is_at_cap += float(((to_behaviour >= self.config.is_cap).float() * mask).sum())
         stats["stale_fraction"] = float(stale.float().mean())
         for k, v in stats.items():
             self._stats[k] += v
         return stats
 
     def finish_step(self) -> UpdateResult:
-        """Divide the accumulated gradient by the global batch's normaliser; one optimizer step."""
+        """Divide the accumulated gradient by the global batch's normaliser; one optimizer step.
+
+        A step with nothing accumulated (every sample of the global batch failed, or was dropped by
+        ``dynamic_sampling``) is an empty update: the version advances, since versions count global
+        batches, and the weights, the optimizer and the lr schedule stay untouched; it consumes nothing.
+        """
         if not getattr(self, "_consumed", None):
-            raise ValueError(f"agent {self.agent!r}: no micro-batch accumulated for the update to v{self.version + 1}")
+            for name in ("_grad_sum", "_consumed"):  # begun by an empty micro-batch, or not at all
+                self.__dict__.pop(name, None)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+            return UpdateResult(self.agent, self.version, [], 0, {"micro_batches": 0.0})
         norm = batch_normaliser(
             self.config.loss_type, responses=self._responses, tokens=self._tokens, max_len=self.max_new_tokens
         )
         for name, p in self.model.named_parameters():
             p.grad = (self._grad_sum[name] / norm).to(p.dtype)
         del self._grad_sum
-        metrics = {"loss/policy": self._loss_sum / norm, "micro_batches": float(self._micro)}
+        metrics = {"loss/policy": self._loss_sum / norm, "loss/normaliser": float(norm),
+                   "micro_batches": float(self._micro)}
         metrics.update({f"policy/{k}": v / self._micro for k, v in self._stats.items()})
+        metrics["policy/is_weight_mean"] = self._is_sum / max(self._tokens, 1)
+        metrics["policy/is_weight_at_cap"] = self._is_at_cap / max(self._tokens, 1)
         consumed, tokens = self._consumed, self._tokens
         del self._consumed
         norms = [torch.linalg.vector_norm(p.grad) for p in self.model.parameters() if p.grad is not None]

@@ -95,3 +95,14 @@ def test_a_missing_data_file_is_reported(store: ExperienceStore, make_rows) -> N
     next(Path(store.table_uri("samples/verifier")).glob("*.parquet")).unlink()
     (bad,) = verify_store(store)
     assert bad.check == "unreadable" and bad.table == "samples/verifier" and "cannot be read" in bad.detail
+
+
+def test_unconsumed_samples_and_an_update_consuming_nothing_verify_clean(store: ExperienceStore, make_rows) -> None:
+    """Dynamic sampling: dropped samples stay committed and unconsumed, and a global batch with nothing left
+    to train is an update that consumes nothing; the versions still count every batch."""
+    solver = [f"q0_0_{t}" for t in range(4)]
+    store.append_samples("solver", make_rows("solver", solver, policy_version=0), app_id="r:s", seq=1)
+    store.record_update("solver", 1, solver[:2], samples_version=1, num_tokens=2)  # one group of two dropped
+    store.append_samples("solver", make_rows("solver", ["q1_0_0", "q1_0_1"], policy_version=1), app_id="r:s", seq=2)
+    store.record_update("solver", 2, [], samples_version=2, num_tokens=0)  # every group dropped
+    assert verify_store(store) == []

@@ -152,3 +152,63 @@ def test_the_balancer_moves_slots_to_the_skewed_agent_and_records_queues(tmp_pat
 
     _, static, _, _ = run("no-lb", tmp_path, address)
     assert static.moves == []
+
+
+def test_dynamic_sampling_drops_zero_variance_groups_in_every_mode(tmp_path: Path, address: str, monkeypatch) -> None:
+    """Groups whose rewards have no variance are committed but not trained, and counted; a global batch left
+    with nothing (the solver's, here, whose reward is constant) still completes its step and version."""
+    import zlib
+
+    import torch
+
+    from flexmarl.models.loading import load_model, resolve_model
+    from flexmarl.orchestrator.coverage import training_coverage
+    from flexmarl.workloads.registry import REWARDS
+    from storage.verify import verify_store
+
+    def mixed(x) -> float:  # half of the inputs: constant; the others: did the solver's output parse
+        if zlib.crc32(x.task.input_id.encode()) % 2:
+            return 1.0
+        return float(x.parsed_outputs.get(x.parents[0]) is not None)
+
+    # scoring runs in the driver (this process), so patching the registry here is what the run uses
+    monkeypatch.setitem(REWARDS, "correct_answer", lambda x: 0.0)
+    monkeypatch.setitem(REWARDS, "verdict_matches", mixed)
+    weights, stores = {}, {}
+    for mode in ("sync", "flexmarl"):
+        cfg = load_config(preset="tiny", overrides=[*SMALL, *MODES[mode], "training.dynamic_sampling=true",
+                                                    "training.loss_type=dr_grpo"])
+        _, weights[mode] = run_mode(cfg, tmp_path / mode, address)
+        stores[mode] = ExperienceStore(tmp_path / mode / "store")
+    assert max_diff(weights["sync"], weights["flexmarl"]) <= 1e-5
+    start = load_model(resolve_model("tiny", seed=cfg.train.seed)).state_dict()
+    assert all(torch.equal(weights["sync"]["solver"][k], start[k]) for k in start)  # nothing to train
+    assert any(not torch.equal(weights["sync"]["verifier"][k], start[k]) for k in start)
+
+    store = stores["flexmarl"]
+    assert verify_store(store) == []
+    assert training_coverage(store, cfg).exact  # the dropped samples are not lost: by design
+    updates = store.read("updates").to_pylist()
+    for agent in cfg.agents:
+        samples = store.read_samples(agent, columns=["sample_id", "input_id", "node", "step", "reward", "status"])
+        assert set(samples["status"].to_pylist()) == {"rewarded"}  # dropped samples stay committed
+        mine = sorted((u for u in updates if u["agent"] == agent), key=lambda u: u["policy_version"])
+        assert [u["policy_version"] for u in mine] == [1, 2]
+        for update in mine:
+            step = update["policy_version"] - 1
+            groups: dict = {}
+            for row in samples.filter(pc.field("step") == step).to_pylist():
+                groups.setdefault((row["input_id"], row["node"]), []).append(row)
+            kept = {r["sample_id"] for g in groups.values() if len({r["reward"] for r in g}) > 1 for r in g}
+            dropped = sum(len({r["reward"] for r in g}) == 1 for g in groups.values())
+            assert set(update["consumed_ids"]) == kept, (agent, step)
+            assert dict(update["metrics"])["groups/dropped_zero_variance"] == dropped
+            if kept:  # dr_grpo: the dropped samples are not in the normaliser, and the agent's max_new_tokens is
+                max_new_tokens = cfg.agents[agent].sampling.max_new_tokens
+                assert dict(update["metrics"])["loss/normaliser"] == len(kept) * max_new_tokens
+            if agent == "solver":
+                assert update["consumed_ids"] == [] and dropped == cfg.train.queries_per_step
+                assert dict(update["metrics"])["micro_batches"] == 0
+        if agent == "verifier":  # the mix this test is about: some groups dropped, some trained
+            assert any(u["consumed_ids"] for u in mine)
+            assert any(dict(u["metrics"])["groups/dropped_zero_variance"] for u in mine)

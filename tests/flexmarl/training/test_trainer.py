@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -9,9 +11,9 @@ from flexmarl.training.config import TrainerConfig
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
 
 
-def make_batch(tiny_dir, advantages: list[float]) -> TrainBatch:
+def make_batch(tiny_dir, advantages: list[float], temperature: float = 1.0) -> TrainBatch:
     backend = HFBackend(tiny_dir)
-    reqs = [GenerationRequest(f"s{i}", [257, 10 + i, 20, 30], 6, 1.0, seed=i) for i in range(len(advantages))]
+    reqs = [GenerationRequest(f"s{i}", [257, 10 + i, 20, 30], 6, temperature, seed=i) for i in range(len(advantages))]
     res = backend.generate(reqs)
     return TrainBatch(
         sample_ids=[r.request_id for r in res],
@@ -38,6 +40,114 @@ def test_rollout_logprobs_equal_the_trainers_scores(tiny_dir) -> None:
     for i, lp in enumerate(batch.logprobs):
         assert logp[i, : len(lp)].tolist() == pytest.approx(lp, abs=1e-4)
         assert mask[i].sum() == len(lp)
+
+
+def test_rollout_logprobs_equal_the_trainers_scores_at_temperature_0_7(tiny_dir) -> None:
+    """At T != 1 a missing or doubled 1/T on either side shows (at T = 1 it cannot)."""
+    from flexmarl.training.trainer import response_logprobs
+
+    batch = make_batch(tiny_dir, [1.0, -1.0, 0.5], temperature=0.7)
+    trainer = AgentTrainer("a", tiny_dir, TrainerConfig(), temperature=0.7)
+    with torch.no_grad():
+        logp, _ = response_logprobs(trainer.model, batch, trainer.temperature, torch.device("cpu"))
+        at_one, _ = response_logprobs(trainer.model, batch, 1.0, torch.device("cpu"))
+    for i, lp in enumerate(batch.logprobs):
+        assert logp[i, : len(lp)].tolist() == pytest.approx(lp, abs=1e-4)
+    worst_at_one = max(max(abs(a - b) for a, b in zip(at_one[i, : len(lp)].tolist(), lp)) for i, lp in
+                       enumerate(batch.logprobs))
+    assert worst_at_one > 1e-2  # scoring at T = 1 would be caught
+    # on-policy, the trainer's importance weights are the identity
+    trainer.begin_step()
+    trainer.accumulate(batch)
+    metrics = trainer.finish_step().metrics
+    assert metrics["policy/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["policy/is_weight_at_cap"] == 0.0 and metrics["policy/clipfrac"] == 0.0
+
+
+def step_gradient(trainer: AgentTrainer) -> dict[str, torch.Tensor]:
+    """Spy on the trainer's optimizer: the gradient its next ``step`` is handed (filled in when it runs)."""
+    seen: dict[str, torch.Tensor] = {}
+    step = trainer.optimizer.step
+    model = trainer.accelerator.unwrap_model(trainer.model)
+
+    def spy(*args, **kwargs):
+        seen.update({n: p.grad.detach().double().clone() for n, p in model.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = spy
+    return seen
+
+
+def reference_gradient(tiny_dir, batch: TrainBatch, *, loss_type: str, temperature: float, max_new_tokens: int,
+                       is_cap: float) -> dict[str, torch.Tensor]:
+    """The full-batch GRPO-family gradient, written out on its own: one response at a time, no padding.
+
+    With one optimizer step per batch the ratio to the proximal policy is 1, so the gradient of each token is
+    -A * w * grad(log p), where w = min(p / p_behaviour, is_cap) corrects from the rollout's policy.
+    """
+    from flexmarl.models.loading import load_model
+
+    model = load_model(tiny_dir)
+    per_response = []
+    for prompt, response, behaviour, adv in zip(batch.prompt_ids, batch.response_ids, batch.logprobs,
+                                                batch.advantages, strict=True):
+        ids = torch.tensor([prompt + response])
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) + len(response) - 1]  # (T, V)
+        logp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+        w = torch.exp(logp.detach() - torch.tensor(behaviour)).clamp(max=is_cap)
+        per_response.append((-adv * w * logp).sum() / (len(response) if loss_type == "grpo" else 1))
+    total = torch.stack(per_response).sum()
+    denom = {"grpo": len(batch), "dapo": batch.num_tokens, "dr_grpo": len(batch) * max_new_tokens}[loss_type]
+    (total / denom).backward()
+    return {n: p.grad.detach().double() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_the_update_applies_the_reference_gradient(tiny_dir, loss_type: str) -> None:
+    """The gradient handed to the optimizer, micro-batch by micro-batch, equals the one written out by hand.
+
+    Comparing weights after an AdamW step would not do: Adam's first step hardly sees the gradient's scale,
+    so a wrong normaliser (x7) or a wrong ``max_new_tokens`` for dr_grpo would pass. The behaviour log-probs
+    are shifted as a bf16 rollout engine might: fresh samples still get their (capped) gradient instead of a
+    clipped one.
+    """
+    batch = make_batch(tiny_dir, [1.0, -1.0, 0.5, -0.5, 2.0], temperature=0.7)
+    shift = {(0, 0): 0.5, (1, 1): 0.5, (2, 0): -0.5, (4, 0): 1.0, (4, 1): 1.5}  # p/p_behaviour = e^shift
+    logprobs = [list(lp) for lp in batch.logprobs]
+    for (i, t), d in shift.items():
+        logprobs[i][t] -= d
+    batch = TrainBatch(batch.sample_ids, batch.prompt_ids, batch.response_ids, logprobs, batch.advantages,
+                       batch.versions)
+    config = TrainerConfig(loss_type=loss_type, lr=1e-3, micro_batch_size=2, max_grad_norm=None, is_cap=2.0)
+    trainer = AgentTrainer("a", tiny_dir, config, temperature=0.7, max_new_tokens=24)  # 24 > every length (6)
+    seen = step_gradient(trainer)
+    result = trainer.train_step(batch)
+    expected = reference_gradient(tiny_dir, batch, loss_type=loss_type, temperature=0.7, max_new_tokens=24,
+                                  is_cap=2.0)
+    assert result.metrics["micro_batches"] == 3 and set(seen) == set(expected)
+    scale = max(float(g.abs().max()) for g in expected.values())
+    assert max(float((seen[n] - expected[n]).abs().max()) for n in expected) <= 1e-4 * scale
+    # two of the shifted tokens sit above the cap (e^1, e^1.5 > 2); the weight of the rest is ~1
+    assert result.metrics["policy/is_weight_at_cap"] == pytest.approx(2 / batch.num_tokens)
+    weights = [min(math.exp(shift.get((i, t), 0.0)), 2.0)
+               for i, r in enumerate(batch.response_ids) for t in range(len(r))]
+    assert result.metrics["policy/is_weight_mean"] == pytest.approx(sum(weights) / len(weights), abs=1e-4)
+
+
+def test_a_step_with_nothing_to_train_advances_the_version_only(tiny_dir) -> None:
+    """Every sample of the global batch dropped (dynamic sampling) or failed: no optimizer step, no error."""
+    trainer = AgentTrainer("a", tiny_dir, TrainerConfig(lr=1e-3, lr_warmup_steps=2), temperature=1.0)
+    before = params(trainer)
+    result = trainer.finish_step()  # not even begun: no micro-batch reached the trainer
+    assert (result.policy_version, result.consumed_ids, result.num_tokens, result.skipped) == (1, [], 0, False)
+    assert result.metrics == {"micro_batches": 0.0} and not trainer.step_under_way
+    trainer.begin_step()
+    assert trainer.finish_step().policy_version == 2  # begun, but nothing accumulated
+    after = trainer.weights()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not trainer.optimizer.state and trainer.scheduler.last_epoch == 0  # no Adam step, no warm-up step
+    result = trainer.train_step(make_batch(tiny_dir, [1.0, -1.0]))
+    assert result.policy_version == 3 and result.metrics["micro_batches"] == 1
 
 
 def test_update_moves_weights_and_bumps_version(tiny_dir) -> None:

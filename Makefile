@@ -9,9 +9,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.flexmarl-installed
-# A run directory holds one run: a second `make run` needs RUN_DIR=runs/other, or resume the first with
-# `.venv/bin/flexmarl train --resume runs/default`.
-RUN_DIR ?= runs/default
+# Each `make run` trains in a new directory, runs/<date-time>; RUN_DIR=runs/x picks one (a directory holds one
+# run: continue a stopped one with `.venv/bin/flexmarl train --resume runs/x`).
+RUN_DIR ?=
 PYTEST_ARGS ?=
 
 export OMP_NUM_THREADS ?= 1
@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml requirements.lock requirements-nodeps.txt
 	touch $(STAMP)
 
 run: setup
-	$(BIN)/flexmarl train --preset default --run-dir $(RUN_DIR)
+	$(BIN)/flexmarl train --preset default $(if $(RUN_DIR),--run-dir $(RUN_DIR))
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ValidationError, model_validator
@@ -32,7 +32,8 @@ from flexmarl.training.config import TrainerConfig
 from flexmarl.workloads.datasets import DataConfig
 from storage.config import StoreConfig
 
-PRESETS = ("default", "tiny", "fan_out")
+PRESETS = ("default", "tiny", "fan_out", "copy")
+Preset = Literal[PRESETS]  # the same list, as a type: the flow's parameter and the CLI check it
 
 
 class ConfigError(ValueError):

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from flexmarl.config import PRESETS
 from flows.cli_bench import bench_app
 from flows.cli_output import console, fail
 from flows.cli_report import export_command, report_command
@@ -24,7 +25,7 @@ app.command()(simulate)
 @app.command()
 def train(
     config: Annotated[Optional[Path], typer.Argument(help="Config YAML file (default: the preset).")] = None,
-    preset: Annotated[Optional[str], typer.Option(help="Shipped config: default or tiny.")] = None,
+    preset: Annotated[Optional[str], typer.Option(help=f"Shipped config: {', '.join(PRESETS)}.")] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<time>).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
     dask_address: Annotated[Optional[str], typer.Option(help="Existing Dask scheduler address.")] = None,
@@ -60,6 +61,9 @@ def train(
         check_inputs(cfg)
     except (ConfigError, RunSetupError, ModelError, DataError) as exc:
         fail(str(exc))
+    from flexmarl.estimate import describe_estimate
+
+    console.print(f"run directory {run_dir}; {describe_estimate(cfg)}", highlight=False)
 
     from flows.prefect_server import PrefectAPIError, prefect_api
     from flows.train import train_run
@@ -84,7 +88,13 @@ def train(
     console.print(table)
     for line in failure_lines(report):
         console.print(f"[yellow]warning:[/] {line}", highlight=False)
-    console.print(f"report: {Path(report['run_dir']) / 'report.json'}; pictures: flexmarl report {report['run_dir']}")
+    from flexmarl.report.write import write_report
+    from flexmarl.run_directory import RunDirectory
+
+    done = Path(report["run_dir"])
+    files = write_report(RunDirectory(done), done / "report")
+    console.print(f"report: {done / 'report.json'}; pages: {files.html}", highlight=False)
+    console.print(f"reward picture: {files.pictures['rewards of all agents']}", highlight=False)
 
 
 def failure_lines(report: dict) -> list[str]:

@@ -151,31 +151,33 @@ def train_with_flow(config_file: Path, run_dir: Path, address: str) -> dict:
 
 @bench_app.command("learning")
 def learning(
-    out: Annotated[Path, typer.Option(help="Output directory for learning.json, eval_answers.jsonl and the run.")],
-    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per agent (default 12: about an "
-                                                 "hour with scoring, on 2 free CPU cores).")] = None,
+    out: Annotated[Path, typer.Option(help="Output directory for learning.json, learning.png, the answers and the run.")],
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per agent (default 40: with scoring, "
+                                                 "about an hour on 2 free CPU cores).")] = None,
     n_eval: Annotated[Optional[int], typer.Option(min=1, help="Held-out problems scored, base and trained "
-                                                  "(default 128).")] = None,
+                                                  "(default 500).")] = None,
+    gsm8k_n: Annotated[Optional[int], typer.Option(min=0, help="GSM8K test problems scored beside them "
+                                                   "(default 100; 0: none).")] = None,
     preset: Annotated[str, typer.Option(help="Workload: default (SmolLM2-135M) or tiny (for tests).")] = "default",
-    data_dir: Annotated[Optional[Path], typer.Option(help="Directory with GSM8K train.jsonl and test.jsonl "
+    data_dir: Annotated[Optional[Path], typer.Option(help="Directory with the GSM8K test.jsonl "
                                                      "(default ../shared/data/gsm8k beside the repository).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
 ) -> None:
-    """Score the base solver -> verifier team on held-out GSM8K, train it, score it again.
+    """Score the base solver -> verifier team on held-out problems, train it, score it again.
 
-    The budget on top of the preset (flexmarl/bench/learning_bench.py BUDGET, docs/performance.md
-    "Learning"): 12 steps of 4 problems x 8 answers, lr 1e-5, solver temperature 0.7, trained on the GSM8K
-    train problems with at most one calculation, which the base model solves sometimes: a GRPO group
-    teaches only when its rewards differ. Scored greedily on the first --n-eval GSM8K test problems, with
-    the config's max_new_tokens; without the GSM8K files, on reasoning-gym gsm_symbolic under another seed.
+    The held-out problems come from the preset's dataset under a seed no run uses and share no arithmetic
+    expression with the training stream; accuracy is greedy, with a 95% Wilson interval. The verifier is
+    reported beside the two trivial verifiers (always yes, always no) and with its precision on "correct".
+    GSM8K test problems are scored beside them, when the files are there. Budget on top of the preset:
+    flexmarl/bench/learning_bench.py BUDGET (docs/performance.md, "Learning").
     """
-    from flexmarl.bench.learning_bench import GSM8K_DIR, N_EVAL, plan_learning, run_learning_bench
+    from flexmarl.bench.learning_bench import GSM8K_DIR, GSM8K_N, N_EVAL, plan_learning, run_learning_bench
     from flexmarl.config import ConfigError
     from flows.prefect_server import PrefectAPIError, prefect_api
 
     try:
         plan = plan_learning(out, preset=preset, steps=steps, n_eval=n_eval or N_EVAL, overrides=set_ or [],
-                             data_dir=data_dir or GSM8K_DIR)
+                             data_dir=data_dir or GSM8K_DIR, gsm8k_n=GSM8K_N if gsm8k_n is None else gsm8k_n)
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
 
@@ -185,11 +187,15 @@ def learning(
             report = run_learning_bench(plan, out, train=train_with_flow, log=console.print)
     except PrefectAPIError as exc:
         fail(str(exc))
-    agreement = report["verifier_agreement"]
+    base_lo, base_hi = report["base_interval"]
+    lo, hi = report["trained_interval"]
+    verifier = report["verifier"]["trained"]
     console.print(
-        f"solver accuracy on {report['n_eval']} held-out problems: base {report['base_accuracy']:.3f}, "
-        f"trained {report['trained_accuracy']:.3f} after {report['steps']} steps "
-        f"(+{report['gained']} / -{report['lost']} problems); verifier agreement: base {agreement['base']:.3f}, "
-        f"trained {agreement['trained']:.3f}; {report['wall_s']:.0f} s"
+        f"solver accuracy on {report['n_eval']} held-out problems: base {report['base_accuracy']:.3f} "
+        f"[{base_lo:.3f}, {base_hi:.3f}], trained {report['trained_accuracy']:.3f} [{lo:.3f}, {hi:.3f}] after "
+        f"{report['steps']} steps (+{report['gained']} / -{report['lost']} problems); trained verifier: agreement "
+        f"{verifier['agreement']:.3f} (always yes {verifier['always_yes']:.3f}, always no {verifier['always_no']:.3f}),"
+        f" balanced {verifier['balanced_agreement']:.3f}; {report['wall_s']:.0f} s", highlight=False,
     )
+    console.print(f"picture: {out / 'learning.png'}")
     console.print(f"report: {out / 'learning.json'}")

@@ -15,13 +15,13 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flexmarl.cluster.local import open_cluster
-from flexmarl.config import RunConfig, dump_config, load_config
+from flexmarl.config import Preset, RunConfig, dump_config, load_config
+from flexmarl.estimate import describe_estimate
 from flexmarl.orchestrator.runtime import RunContext, Runtime, attempts, prepare_run, resume_config
 from flexmarl.tracking.tracker import RunTracker
 from flows.waiting import wait_for
@@ -58,7 +58,7 @@ def default_run_dir() -> str:
 
 @flow(name="flexmarl-train", log_prints=True)
 def train_run(
-    preset: Literal["default", "tiny"] | None = "default",
+    preset: Preset | None = "default",
     config: str | None = None,
     steps: int | None = None,
     overrides: list[str] | None = None,
@@ -95,6 +95,7 @@ def train_run(
     run_id, store_uri = prepare_run(cfg, run_dir, resume=bool(resume or retried), started_by=flow_run.id)
     what = "resuming run" if resume or retried else "run"
     logger.info("%s %s in %s; resolved config:\n%s", what, run_id, Path(run_dir).resolve(), dump_config(cfg))
+    logger.info("%s", describe_estimate(cfg))
 
     tracker = RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg)  # checks before the cluster
     with open_cluster(cfg.cluster) as address, tracker:
@@ -114,10 +115,14 @@ def train_run(
             # Each agent update the pipeline finishes shows up as its own task run, as it happens, and goes
             # to the experiment trackers from here, the driver.
             updates = []
+            started = time.perf_counter()
             for event in iter(events.get, None):
                 updates.append(publish_update(event))
                 tracker.log_update(event)
                 set_progress(progress, done + len(updates), total)
+                left = (time.perf_counter() - started) / len(updates) * (total - done - len(updates))
+                logger.info("progress: %d of %d agent updates; about %.0f min left", done + len(updates), total,
+                            left / 60)
             result = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
                               "rollout.request_timeout_s")
             if cfg.train.save_checkpoints:

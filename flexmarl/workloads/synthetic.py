@@ -12,15 +12,23 @@ import random
 from flexmarl.workloads.datasets import TaskItem
 
 
-def copy_digits(size: int, seed: int, *, digits: int = 1) -> list[TaskItem]:
-    """``size`` tasks whose question and answer are the same random string of ``digits`` digits."""
-    if digits < 1:
-        raise ValueError(f"copy_digits: digits must be at least 1, got {digits}")
+def copy_digits(size: int, seed: int, *, digits: int = 1, repeat: int = 1) -> list[TaskItem]:
+    """``size`` tasks whose answer is a random string of ``digits`` digits and whose question is that string
+    written ``repeat`` times (``"777"`` for ``7`` at ``repeat=3``). Every block of ten tasks starts with each
+    digit once.
+
+    Repeating the input makes it a larger share of the prompt, so a freshly initialised model, whose attention
+    is still spread evenly over the prompt, already carries it to the position that writes the answer.
+    """
+    if digits < 1 or repeat < 1:
+        raise ValueError(f"copy_digits: digits and repeat must be at least 1, got {digits} and {repeat}")
     rng = random.Random(seed)
-    tasks = []
-    for i in range(size):
-        text = "".join(rng.choice("0123456789") for _ in range(digits))
-        tasks.append(TaskItem(f"copy_digits-{i:06d}", {"question": text}, text))
+    tasks: list[TaskItem] = []
+    while len(tasks) < size:
+        # each block of ten tasks starts with each digit once: ten tasks ask every digit, so none is favoured
+        for first in rng.sample("0123456789", 10)[: size - len(tasks)]:
+            text = first + "".join(rng.choice("0123456789") for _ in range(digits - 1))
+            tasks.append(TaskItem(f"copy_digits-{len(tasks):06d}", {"question": text * repeat}, text))
     return tasks
 
 

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from flexmarl.bench.learning_bench import (
-    GSM8K_DIR, gsm8k_train_subset, plan_learning, team_nodes, verifier_agreement,
+    GSM8K_DIR, disjoint_tasks, expression_key, plan_learning, served_tasks, team_nodes, verifier_agreement,
+    verifier_figures, wilson_interval,
 )
 from flexmarl.config import load_config
 from flexmarl.evaluate import answer_node, held_out_tasks
-from flexmarl.workloads.datasets import load_tasks
+from flexmarl.workloads.datasets import TaskItem, load_tasks
 
 needs_gsm8k = pytest.mark.skipif(not (GSM8K_DIR / "test.jsonl").is_file(), reason="GSM8K files not present")
 
@@ -28,32 +29,55 @@ def test_verifier_agreement_counts_matching_verdicts_and_unreadable_ones_as_disa
         verifier_agreement(["correct"] * 3, [True, False])
 
 
+def test_verifier_figures_put_the_trivial_verifiers_beside_the_real_one() -> None:
+    truths = [True, False, False, False]
+    always_no = verifier_figures(["incorrect"] * 4, truths)
+    assert always_no["agreement"] == always_no["always_no"] == 0.75
+    assert always_no["balanced_agreement"] == 0.5 and always_no["precision_correct"] is None
+    always_yes = verifier_figures(["correct"] * 4, truths)
+    assert always_yes["agreement"] == always_yes["always_yes"] == 0.25 and always_yes["balanced_agreement"] == 0.5
+    assert always_yes["precision_correct"] == 0.25 and always_yes["said_correct"] == 1.0
+    perfect = verifier_figures(["correct", "incorrect", "incorrect", "incorrect"], truths)
+    assert perfect["balanced_agreement"] == 1.0 and perfect["precision_correct"] == 1.0
+
+
+def test_wilson_interval_matches_the_textbook_values() -> None:
+    lo, hi = wilson_interval(10, 50)  # p = 0.2: (0.1124, 0.3304)
+    assert lo == pytest.approx(0.11243, abs=1e-4) and hi == pytest.approx(0.33043, abs=1e-4)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+
+
+def test_held_out_problems_share_no_expression_with_the_training_stream(tmp_path: Path) -> None:
+    plan = plan_learning(tmp_path, preset="default", steps=3, n_eval=40, gsm8k_n=0)
+    served = served_tasks(plan.config)
+    assert len(served) == 3 * plan.config.train.queries_per_step
+    keys = {expression_key(t.fields["question"]) for t in plan.eval_tasks}
+    assert len(keys) == 40 and not keys & {expression_key(t.fields["question"]) for t in served}
+    # same numbers in other words are the same problem
+    assert expression_key("What is 4 + 2 - 2?") == expression_key("Calculate 4 + 2 - 2 =") == "4+2-2"
+    asked = TaskItem("a", {"question": "What is 1 + 2?"}, "3")
+    twins = [TaskItem("b", {"question": "Compute 1 + 2"}, "3"), TaskItem("c", {"question": "2 + 1 ="}, "3")]
+    assert disjoint_tasks(twins, [asked], 1) == twins[1:]
+    with pytest.raises(ValueError, match="only 1 held-out"):
+        disjoint_tasks(twins, [asked], 2)
+
+
 @needs_gsm8k
-def test_plan_trains_on_easy_gsm8k_train_problems_and_scores_on_gsm8k_test(tmp_path: Path) -> None:
-    plan = plan_learning(tmp_path, preset="tiny", steps=3, n_eval=5, max_solution_steps=1)
-    cfg = plan.config
-    assert (plan.solver, plan.verifier) == ("solver", "verifier")
-    assert cfg.train.steps == 3 and cfg.train.group_size == 8 and cfg.training.lr == 1e-5
-    assert cfg.agents["solver"].sampling.temperature == 0.7
-    # training reads the subset the plan wrote: only problems with at most one calculation
-    assert cfg.data.path == tmp_path.resolve() / "train_tasks.jsonl"
-    subset = [json.loads(line) for line in cfg.data.path.read_text().splitlines()]
-    assert subset and all(r["answer"].count("<<") <= 1 for r in subset)
-    assert subset == gsm8k_train_subset(GSM8K_DIR / "train.jsonl", 1)
-    assert len(load_tasks(cfg.data)) == len(subset)
-    # scoring reads the first n_eval test problems, none of which training serves
-    test_rows = [json.loads(line) for line in (GSM8K_DIR / "test.jsonl").read_text().splitlines()[:5]]
-    assert [t.fields["question"] for t in plan.eval_tasks] == [r["question"] for r in test_rows]
-    assert not {t.fields["question"] for t in plan.eval_tasks} & {r["question"] for r in subset}
+def test_plan_scores_gsm8k_test_beside_the_held_out_problems(tmp_path: Path) -> None:
+    plan = plan_learning(tmp_path, preset="tiny", steps=2, n_eval=5, gsm8k_n=3)
+    test_rows = [json.loads(line) for line in (GSM8K_DIR / "test.jsonl").read_text().splitlines()[:3]]
+    assert [t.fields["question"] for t in plan.gsm8k_tasks] == [r["question"] for r in test_rows]
+    assert plan.config.train.steps == 2 and plan.config.data.path is None
+    assert not plan_learning(tmp_path, preset="tiny", n_eval=5, gsm8k_n=0).gsm8k_tasks
 
 
 def test_plan_without_gsm8k_scores_the_preset_dataset_under_another_seed(tmp_path: Path) -> None:
     plan = plan_learning(tmp_path, preset="tiny", n_eval=4, data_dir=tmp_path / "missing",
                          overrides=["train.steps=2"])
-    assert plan.config.data.path is None and plan.config.train.steps == 2
-    assert plan.eval_tasks == held_out_tasks(plan.config.data, 4)
-    assert plan.eval_tasks != load_tasks(plan.config.data)[:4]
-    assert not (tmp_path / "train_tasks.jsonl").exists()
+    assert plan.config.train.steps == 2 and not plan.gsm8k_tasks
+    question = lambda tasks: [t.fields["question"] for t in tasks]  # noqa: E731
+    assert question(plan.eval_tasks) != question(load_tasks(plan.config.data)[:4])
+    assert set(question(plan.eval_tasks)) <= set(question(held_out_tasks(plan.config.data, 16)))
 
 
 def test_held_out_tasks_refuse_the_run_s_own_training_file(tmp_path: Path) -> None:

@@ -1,0 +1,67 @@
+"""How long a run will take, said before it starts: the config's token counts priced at measured costs.
+
+The costs are seconds per sample-token on one worker of this project's 2-core machine (one torch thread per
+worker), measured with the shipped presets (docs/performance.md, "Learning"). Models of other sizes are priced
+by parameter count relative to SmolLM2-135M. The estimate is a rough guide (about +-50% on a quiet machine,
+and slower on a loaded one); the run's own progress lines give the measured pace once a step has finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flexmarl.config import RunConfig
+from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.rollout.episodes import render_prompt
+
+
+@dataclass(frozen=True)
+class TokenCosts:
+    decode_s: float  # one generated token of one sample, in a batch
+    train_s: float  # one token (prompt or response) of one sample through forward and backward
+    update_s: float  # per optimizer step: the step, the state snapshot and the weight sync
+
+
+COSTS = {
+    "smollm2-135m-instruct": TokenCosts(decode_s=0.015, train_s=0.012, update_s=12.0),
+    "tiny": TokenCosts(decode_s=2e-4, train_s=5e-5, update_s=1.5),
+    "tiny-large": TokenCosts(decode_s=4e-4, train_s=2e-4, update_s=1.5),
+}
+
+
+def prompt_tokens(cfg: RunConfig, agent: str) -> int:
+    """Tokens of a typical prompt of ``agent``: its template on the first task, each parent's output a
+    full ``max_new_tokens`` of filler."""
+    from flexmarl.workloads.datasets import load_tasks
+
+    spec = cfg.agents[agent]
+    graph = cfg.graph.expanded
+    node = next(n for n in cfg.nodes_of(agent))
+    task = load_tasks(cfg.data)[0]
+    parents = {p: "x " * cfg.agents[graph.node(p).agent].sampling.max_new_tokens for p in graph.parents(node)}
+    tok = load_tokenizer(Path(resolve_model(spec.model, seed=cfg.train.seed)))
+    return len(render_prompt(tok, spec.prompt, spec.system, {**task.fields, **graph.render_fields(node, parents)}))
+
+
+def estimate_run_s(cfg: RunConfig) -> float | None:
+    """Seconds the run's steps should take on an otherwise idle 2-core machine; None for an unpriced model."""
+    total = 0.0
+    for agent, spec in cfg.agents.items():
+        costs = COSTS.get(spec.model)
+        if costs is None:
+            return None
+        new = spec.sampling.max_new_tokens
+        per_sample = new * costs.decode_s + (prompt_tokens(cfg, agent) + new) * costs.train_s
+        total += cfg.samples_per_step(agent) * per_sample + costs.update_s
+    return cfg.train.steps * total / max(cfg.cluster.n_workers, 1)
+
+
+def describe_estimate(cfg: RunConfig) -> str:
+    """One line for the console, e.g. ``"30 steps per agent: about 25 minutes on 2 workers ..."``."""
+    seconds = estimate_run_s(cfg)
+    if seconds is None:
+        return f"{cfg.train.steps} steps per agent (no time estimate for these models)"
+    minutes = f"about {seconds / 60:.0f} minutes" if seconds >= 90 else f"about {seconds:.0f} seconds"
+    return (f"{cfg.train.steps} steps per agent: {minutes} on {cfg.cluster.n_workers} workers, plus a minute "
+            "to start (an estimate from costs measured on 2 idle cores; a loaded machine is slower)")

@@ -1,0 +1,73 @@
+"""The rewards that make learning show: the class-balanced verifier reward and the copy task's rewards."""
+
+from __future__ import annotations
+
+import pytest
+
+from flexmarl.meg.spec import MEGSpec
+from flexmarl.rollout.backend import GenerationResult
+from flexmarl.rollout.episodes import Episode, NodeOutput
+from flexmarl.rollout.scoring import score
+from flexmarl.training.config import TrainerConfig
+from flexmarl.workloads.datasets import DataConfig, TaskItem, TaskStream, load_tasks
+from flexmarl.workloads.parsers import first_digit
+from flexmarl.workloads.rewards import RewardInput, class_balanced, copies_parent, copies_question
+
+SPEC = MEGSpec.model_validate({
+    "agents": {
+        "solver": {"model": "tiny", "prompt": "{question}", "parser": "last_number", "reward": "correct_answer"},
+        "verifier": {"model": "tiny", "prompt": "{question} {solver}", "parser": "verdict",
+                     "reward": "verdict_balanced"},
+    },
+    "graph": {"nodes": [{"name": "solver", "agent": "solver"}, {"name": "verifier", "agent": "verifier"}],
+              "edges": [["solver", "verifier"]]},
+})
+
+
+def _episode(j: int, answer: str, verdict: str) -> Episode:
+    ep = Episode(TaskItem("q", {"question": "1 + 1"}, "2"), j, 0)
+    for node, parsed in (("solver", answer), ("verifier", verdict)):
+        ep.outputs[node] = NodeOutput(node, node, 0, f"q_{node}_{j}", [1], GenerationResult(str(j), [2], [0.0], "length", 0),
+                                      parsed, parsed, [])
+    return ep
+
+
+def verifier_rewards(answers: list[str], verdict: str) -> list[float]:
+    episodes = [_episode(j, a, verdict) for j, a in enumerate(answers)]
+    score(episodes, SPEC, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    return [ep.outputs["verifier"].reward for ep in episodes]
+
+
+def test_a_verifier_that_always_says_no_earns_half_in_a_mixed_group() -> None:
+    answers = ["2", "3", "4", "5"]  # one right answer of four
+    no = verifier_rewards(answers, "incorrect")
+    assert sum(no) / 4 == pytest.approx(0.5)  # unbalanced, saying no would earn 0.75
+    assert sum(verifier_rewards(answers, "correct")) / 4 == pytest.approx(0.5)
+    # the right verdict on the rare right answer weighs as much as the three on wrong ones together
+    assert no == pytest.approx([0.0, 2 / 3, 2 / 3, 2 / 3])
+
+
+def test_a_group_of_one_class_keeps_its_rewards() -> None:
+    assert verifier_rewards(["3", "4"], "incorrect") == [1.0, 1.0]
+    assert class_balanced([1.0, 0.0], ["a", "a"]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="2 rewards for 1 classes"):
+        class_balanced([1.0, 0.0], ["a"])
+
+
+def test_copy_rewards_pay_only_the_input_digit() -> None:
+    task = TaskItem("c", {"question": "7777"}, "7")
+    x = lambda parsed, parents=(), outputs=None: RewardInput("n", parsed, task, outputs or {}, list(parents))  # noqa: E731
+    assert copies_question(x("7")) == 1.0 and copies_question(x("3")) == 0.0 and copies_question(x(None)) == 0.0
+    assert copies_parent(x("3", ["w"], {"w": "3"})) == 1.0 and copies_parent(x("3", ["w"], {"w": None})) == 0.0
+    with pytest.raises(ValueError, match="needs a parent"):
+        copies_parent(x("3"))
+    assert first_digit("ab7c3") == "7" and first_digit("none") is None
+
+
+def test_ten_copy_tasks_serve_each_digit_once_per_step() -> None:
+    tasks = load_tasks(DataConfig(dataset="copy_digits", dataset_args={"repeat": 8}, size=10))
+    assert {t.answer for t in tasks} == set("0123456789")
+    assert all(t.fields["question"] == t.answer * 8 for t in tasks)
+    stream = TaskStream(tasks, seed=0)
+    for step in range(3):
+        assert sorted(t.answer for t in stream.batch(step, 10)) == list("0123456789")

@@ -19,18 +19,23 @@ def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for bench.json, timelines and report.md.")],
     modes: Annotated[str, typer.Option(help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1.")] = "sync,flexmarl",
     steps: Annotated[int, typer.Option(help="Optimizer steps per agent and mode.")] = 3,
-    workload: Annotated[str, typer.Option(help="Preset of the workload: fan_out (skewed) or tiny.")] = "fan_out",
+    workload: Annotated[str, typer.Option(help="Preset of the workload: fan_out (skewed), copy (learns), tiny, "
+                                          "default (SmolLM2).")] = "fan_out",
     config: Annotated[Optional[Path], typer.Option(help="A config file instead of a preset workload.")] = None,
+    reward_threshold: Annotated[float, typer.Option(help="Reward whose first arrival (mean of 5 updates) each "
+                                                    "mode's time_to_reward reports.")] = 0.5,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
 ) -> None:
-    """Run the schedules one after the other on the same cluster, model, data and seed."""
+    """Run the schedules one after the other on the same cluster, model, data and seed; reward against step
+    and wall time per mode in rewards.png, and each agent's time to --reward-threshold."""
     from flexmarl.bench.pipeline_bench import bench_pipeline
     from flexmarl.config import ConfigError
 
     try:
         report = bench_pipeline(
             out_dir=out, modes=[m.strip() for m in modes.split(",") if m.strip()], steps=steps,
-            workload=workload, config=config, overrides=set_ or [], log=console.print,
+            workload=workload, config=config, overrides=set_ or [], reward_threshold=reward_threshold,
+            log=console.print,
         )
     except (ConfigError, ValueError) as exc:
         fail(str(exc))

@@ -39,6 +39,24 @@ def step_times(result: PipelineResult, steps: int) -> list[float]:
     return [b - a for a, b in zip([0.0] + ends[:-1], ends, strict=True)]
 
 
+SMOOTH = 5
+"""Updates averaged when deciding that an agent's reward has reached the threshold."""
+
+
+def time_to_reward(rewards: Sequence[float | None], finished_at: Sequence[float], threshold: float) -> float | None:
+    """When the mean of the last ``SMOOTH`` rewards first reaches ``threshold`` (seconds since the start).
+
+    Example:
+        >>> time_to_reward([0.1, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9], [1, 2, 3, 4, 5, 6, 7], 0.7)
+        6
+    """
+    for i in range(SMOOTH - 1, len(rewards)):
+        window = [r for r in rewards[i - SMOOTH + 1 : i + 1] if r is not None]
+        if window and sum(window) / len(window) >= threshold:
+            return finished_at[i]
+    return None
+
+
 def state_moves(result: PipelineResult) -> dict:
     """How often agents' states moved between slots, and what it cost: ``swap_s`` is the time slots spent
     parking and resuming states (their task threads), ``load_s`` the part that loaded a state into its new
@@ -73,9 +91,15 @@ def bench_pipeline(
     config: Path | None = None,
     overrides: Sequence[str] = (),
     cluster: ClusterConfig | None = None,
+    reward_threshold: float = 0.5,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Run ``modes`` in order and write ``out_dir/bench.json``, ``timeline_<mode>.png`` and ``report.md``."""
+    """Run ``modes`` in order and write ``out_dir/bench.json``, ``timeline_<mode>.png``, ``rewards.png`` (each
+    agent's reward against step and against wall time, every mode) and ``report.md``.
+
+    Each agent's ``time_to_reward`` is the wall time at which its reward, averaged over its last
+    ``SMOOTH`` updates, first reaches ``reward_threshold`` (None when it never does): the time to accuracy
+    that a faster schedule has to win."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(f"unknown modes {unknown}; choose from {sorted(MODES)}")
@@ -96,12 +120,16 @@ def bench_pipeline(
             result, weights[mode] = run_mode(mode_config(mode), out_dir / mode, address)
             report["workers"] = len(result.workers)
             per_agent = {}
-            for u in result.updates:
-                a = per_agent.setdefault(u.agent, {"updates": 0, "samples": 0, "tokens": 0, "finished_at": []})
+            for u in sorted(result.updates, key=lambda u: (u.agent, u.policy_version)):
+                a = per_agent.setdefault(u.agent, {"updates": 0, "samples": 0, "tokens": 0, "finished_at": [],
+                                                   "reward": []})
                 a["updates"] += 1
                 a["samples"] += u.samples
                 a["tokens"] += u.tokens
                 a["finished_at"].append(round(u.finished_at, 3))
+                a["reward"].append(u.mean_reward)
+            for a in per_agent.values():
+                a["time_to_reward"] = time_to_reward(a["reward"], a["finished_at"], reward_threshold)
             report["modes"][mode] = {
                 "wall_s": result.wall_s,
                 "setup_s": time.perf_counter() - t0 - result.wall_s,
@@ -125,8 +153,12 @@ def bench_pipeline(
         )
         report["max_abs_weight_diff"] = diff
         report["weights_match_sync"] = diff <= 1e-5
+    report["reward_threshold"] = reward_threshold
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
     (out_dir / "report.md").write_text(markdown_table(report))
+    from flexmarl.report.pictures import draw_mode_rewards
+
+    draw_mode_rewards(report, out_dir / "rewards.png")
     return report
 
 
@@ -146,5 +178,14 @@ def markdown_table(report: dict) -> str:
     if "weights_match_sync" in report:
         lines += ["", f"weights_match_sync: {report['weights_match_sync']} "
                       f"(max abs diff {report['max_abs_weight_diff']:.2e})"]
+    threshold = report.get("reward_threshold")
+    if threshold is not None:
+        agents = sorted({a for r in report["modes"].values() for a in r["per_agent"]})
+        lines += ["", f"Seconds until the mean reward of {SMOOTH} updates reaches {threshold} ('-': never):", "",
+                  "| mode | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents)]
+        for mode, r in report["modes"].items():
+            cells = [r["per_agent"].get(a, {}).get("time_to_reward") for a in agents]
+            lines.append(f"| {mode} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+        lines += ["", "![rewards](rewards.png)"]
     lines += ["", *[f"![{m}](timeline_{m}.png)" for m in report["modes"]]]
     return "\n".join(lines) + "\n"

@@ -140,3 +140,26 @@ def draw_learning(report: dict, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def draw_mode_rewards(report: dict, path: Path) -> Path:
+    """``bench pipeline``: each agent's reward against step (left) and wall time (right), one line per mode.
+    At staleness 0 every mode trains the same weights, so the left curves coincide and the right ones show
+    which schedule reaches a reward first."""
+    agents = sorted({a for r in report["modes"].values() for a in r["per_agent"]})
+    fig, axes = plt.subplots(len(agents), 2, figsize=(11, 3 * len(agents)), squeeze=False)
+    for row, agent in enumerate(agents):
+        for mode, r in report["modes"].items():
+            a = r["per_agent"].get(agent)
+            if not a:
+                continue
+            axes[row][0].plot(range(1, len(a["reward"]) + 1), a["reward"], marker=".", label=mode)
+            axes[row][1].plot(a["finished_at"], a["reward"], marker=".", label=mode)
+        for ax, xlabel in zip(axes[row], ("update (policy version)", "seconds since start"), strict=True):
+            ax.axhline(report.get("reward_threshold", 0.5), color="#bdbdbd", linestyle="--", linewidth=1)
+            _label(ax, f"{agent}: mean reward", xlabel, "reward")
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

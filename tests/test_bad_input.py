@@ -385,6 +385,120 @@ def too_many_slots(tmp_path: Path) -> str:
     return raised(ValueError, lambda: training_slots(3, ["tcp://a:1", "tcp://b:1"]))
 
 
+# ------------------------------------------------------------------ checked before the run (flexmarl.preflight)
+
+
+def inputs_error(tmp_path: Path, exc_type: type[BaseException], overrides: list[str]) -> str:
+    """``check_inputs`` (what validate and train run before anything starts) refuses the tiny preset with
+    ``overrides``."""
+    from flexmarl.config import load_config
+    from flexmarl.preflight import check_inputs
+
+    cfg = load_config(preset="tiny", overrides=overrides)
+    return raised(exc_type, lambda: check_inputs(cfg))
+
+
+def data_error(tmp_path: Path, overrides: list[str]) -> str:
+    from flexmarl.workloads.datasets import DataError
+
+    return inputs_error(tmp_path, DataError, overrides)
+
+
+def jsonl_error(tmp_path: Path, text: str) -> str:
+    data = tmp_path / "data.jsonl"
+    data.write_text(text)
+    return data_error(tmp_path, [f"data.path={data}"])
+
+
+def fake_gguf(tmp_path: Path) -> str:
+    from flexmarl.models.loading import ModelError
+
+    model = tmp_path / "model.gguf"
+    model.write_text("<html>not found</html>")  # what a failed download often leaves
+    return inputs_error(tmp_path, ModelError, [f"agents.solver.model={model}"])
+
+
+def damaged_safetensors(tmp_path: Path) -> str:
+    from flexmarl.models.loading import ModelError
+
+    model = model_copy(tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # an interrupted copy
+    return inputs_error(tmp_path, ModelError, [f"agents.solver.model={model}"])
+
+
+def not_a_dask_scheduler(tmp_path: Path) -> str:
+    """An HTTP server where the scheduler should be: refused within the bound, not waited on forever."""
+    import http.server
+    import threading
+
+    from flexmarl.cluster.local import ClusterError, connect
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        return raised(ClusterError, lambda: connect(f"tcp://127.0.0.1:{server.server_port}", timeout_s=2))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+HOLD_LOCK = """
+import sys, time
+from flexmarl.run_lock import run_lock
+with run_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def held_by_another_process(run_dir: Path):
+    """A real second process holding the run directory's lock (an OS lock is per process)."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def run_dir_in_use(tmp_path: Path) -> str:
+    from flexmarl.run_lock import RunLockError, run_lock
+
+    run_dir = tmp_path / "run"
+    holder = held_by_another_process(run_dir)
+    try:
+        def take() -> None:
+            with run_lock(run_dir):
+                pass
+
+        message = raised(RunLockError, take)
+        assert str(holder.pid) in message
+        return message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def missing_delta_commit(tmp_path: Path) -> str:
+    from storage.verify import verify_store
+
+    _, _, store = committed_store(tmp_path)
+    (Path(store.table_uri("samples/verifier")) / "_delta_log" / f"{1:020d}.json").unlink()
+    (bad,) = [v for v in verify_store(store) if v.check == "unreadable"]
+    return f"{bad.table}: {bad.detail}"
+
+
+def resume_fails_verify(tmp_path: Path) -> str:
+    """A resume of a run whose store fails verify is refused, naming the problem and the repair."""
+    from flexmarl.config import load_config
+    from flexmarl.run_start import ResumeRefused, check_resumable
+
+    cfg, run_dir, store = committed_store(tmp_path)
+    (Path(store.table_uri("samples/solver")) / "_delta_log" / f"{1:020d}.json").unlink()
+    return raised(ResumeRefused, lambda: check_resumable(load_config(run_dir / "config.yaml"), run_dir))
+
+
 # ------------------------------------------------------------------ the table
 
 CONFIG = "tests/flexmarl/meg/test_spec.py"
@@ -502,6 +616,51 @@ CASES = [
           "start it with `prefect server start` or unset PREFECT_API_URL")),
     Case("prefect-silent", prefect_silent,
          (r"the Prefect API at http://127.0.0.1:\d+/api does not answer \(no answer within 1s\)",)),
+    Case("bad-override-value", lambda t: config_error(t, overrides=("train.steps=[",)),
+         (r"override 'train.steps=\[': the value is not valid YAML", "quote it")),
+    Case("bad-memory-limit", lambda t: config_error(t, overrides=("cluster.memory_limit=lots",)),
+         (r"cluster.memory_limit: 'lots' is not a memory size", "write a size such as '6GiB'")),
+    Case("template-does-not-parse",
+         lambda t: config_error(t, with_change(lambda r: r["agents"]["verifier"].update(prompt="{solver} {question"))),
+         (r"agents.verifier.prompt: the prompt template does not parse \(expected '}' before end of string\)",
+          r"close every \{field\}, or write a literal brace as \{\{ or \}\}")),
+    Case("template-field-not-a-name",
+         lambda t: config_error(t, with_change(lambda r: r["agents"]["solver"].update(prompt="{question.__class__}"))),
+         (r"agents.solver.prompt: the prompt template has the field \{question.__class__\}",
+          r"a field is a plain name such as \{question\}")),
+    Case("unknown-dataset", lambda t: data_error(t, ["data.dataset=gsm_symbolc", "data.dataset_args={}"]),
+         (r"data.dataset: unknown dataset 'gsm_symbolc' \(did you mean 'gsm_symbolic'\?\)",
+          r"one of reasoning-gym's: .*basic_arithmetic.*gsm_symbolic")),
+    Case("unknown-dataset-argument", lambda t: data_error(t, ["data.dataset_args.max_termz=3"]),
+         (r"data.dataset_args: \['max_termz'\] is not an argument of the 'basic_arithmetic' dataset \(did you mean "
+          r"'max_terms'\?\)", "its arguments: .*max_terms")),
+    Case("dataset-refuses-arguments", lambda t: data_error(t, ["data.dataset_args.max_terms=1"]),
+         (r"data.dataset_args: reasoning-gym refuses 'basic_arithmetic' with .*max_terms must be >= min_terms",
+          "change those arguments")),
+    Case("empty-jsonl", lambda t: jsonl_error(t, "\n"),
+         (r"data file .*data.jsonl holds no tasks", "give one JSON object per line")),
+    Case("jsonl-answer-without-number",
+         lambda t: jsonl_error(t, '{"question": "1+1", "answer": "#### 2"}\n{"question": "2+2", "answer": "four"}\n'),
+         (r"data.jsonl:2: the answer has no final number \(it ends 'four'\)", "end each answer with '#### <number>'")),
+    Case("not-a-gguf-file", fake_gguf,
+         (r"agents.solver.model: model file '.*model.gguf' is not a GGUF file", "give a complete .gguf file")),
+    Case("damaged-safetensors", damaged_safetensors,
+         (r"agents.solver.model: model weights .*model.safetensors do not parse as safetensors",
+          "copy it again, or write the model again with save_pretrained")),
+    Case("not-a-dask-scheduler", not_a_dask_scheduler,
+         (r"the service at tcp://127.0.0.1:\d+ does not answer as a Dask scheduler within 2s",
+          "check cluster.address")),
+    Case("run-dir-in-use", run_dir_in_use,
+         (r"run is in use by process \d+ on \S+ \(flexmarl train, started .*\)",
+          r"wait for that run to end, or stop it \(kill \d+\) and resume with `flexmarl train --resume",
+          "or choose another --run-dir")),
+    Case("missing-delta-commit", missing_delta_commit,
+         (r"samples/verifier: the Delta log is missing commit 1 \(00000000000000000001.json in _delta_log\)",
+          "restore that commit file from a backup; versions before 1 still read"),
+         "tests/storage/test_verify.py::test_a_missing_commit_is_named_not_the_one_after_it"),
+    Case("resume-fails-verify", resume_fails_verify,
+         (r"cannot resume .*run: its store fails verify: unreadable in samples/solver: the Delta log is missing "
+          r"commit 1", "a resumed run would train on it", "Restore the store from a backup")),
 ]
 BY_ID = {c.id: c for c in CASES}
 FILLED_ELSEWHERE = {"reward-raises", "unparsable-output", "nan-loss"}

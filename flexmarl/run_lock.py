@@ -51,7 +51,7 @@ def is_locked(run_dir: str | os.PathLike) -> bool:
         return True
     if not (path / LOCK_FILE).exists():
         return False
-    lock = FileLock(path / LOCK_FILE, timeout=0, thread_local=False, preserve_lock_file=True)
+    lock = FileLock(path / LOCK_FILE, timeout=0, thread_local=False)
     try:
         lock.acquire(blocking=False)
     except Timeout:
@@ -75,8 +75,8 @@ def run_lock(run_dir: str | os.PathLike, *, what: str = "flexmarl train") -> Ite
         else:
             created = not path.exists()
             path.mkdir(parents=True, exist_ok=True)
-            # never waits: a second run is refused at once; the file stays, so no one locks a stale inode
-            lock = FileLock(path / LOCK_FILE, timeout=0, thread_local=False, preserve_lock_file=True)
+            # never waits: a second run is refused at once
+            lock = FileLock(path / LOCK_FILE, timeout=0, thread_local=False)
             try:
                 lock.acquire(blocking=False)
             except Timeout:
@@ -98,7 +98,8 @@ def run_lock(run_dir: str | os.PathLike, *, what: str = "flexmarl train") -> Ite
                 (path / HOLDER_FILE).unlink(missing_ok=True)
                 lock.release()
                 if created and {p.name for p in path.iterdir()} == {LOCK_FILE}:
-                    # a start refused under the lock leaves no trace: the directory goes as it came
+                    # a start refused under the lock leaves no trace: the directory goes as it came. Safe to
+                    # unlink: filelock re-checks the inode after flock, so one who locked the old file tries again
                     (path / LOCK_FILE).unlink()
                     path.rmdir()
 

@@ -110,7 +110,8 @@ def train(
                 check_resumable(cfg, run_dir)
             else:
                 if clear_failed_start(run_dir):
-                    console.print(f"{run_dir}: took over an earlier start that failed before its first commit")
+                    console.print(f"{run_dir}: took over an earlier start that failed before its first commit",
+                                  soft_wrap=True, highlight=False)
                 check_new_run_dir(run_dir)
             with prefect_api() as url:
                 console.print(f"Prefect API: {url}")

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from flows.cli_bench import bench_app
-from flows.cli_output import console, fail
+from flows.cli_output import console, err_console, fail
 from flows.cli_report import export_command, report_command
 from flows.cli_sim import simulate
 from flows.cli_store import store_app
@@ -45,11 +45,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
             ClusterError, StoreError, PrefectAPIError)
 
 
-def stop_on_sigterm() -> None:
+def stop_on_sigterm(run_dir: Path) -> None:
     """SIGTERM ends the run like Ctrl-C: the finally blocks stop the run's Prefect server and cluster (Python's
     default would exit without running them)."""
 
     def handler(signum, frame):  # noqa: ARG001
+        err_console.print(f"stopped by SIGTERM; continue the run with `flexmarl train --resume {run_dir}`",
+                          highlight=False, soft_wrap=True)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
@@ -75,12 +77,12 @@ def train(
     from flexmarl.config import ConfigError
     from flexmarl.run_start import check_resumable, clear_failed_start, never_committed
 
-    stop_on_sigterm()
     if config is not None and preset is not None:
         fail("give a config file or --preset, not both")
     if resume is not None and (config is not None or preset is not None or run_dir is not None):
         fail("--resume continues a run with its own config and directory: drop the config, --preset and --run-dir")
     run_dir = resume or run_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    stop_on_sigterm(run_dir)
     errors = user_errors()
     try:  # everything that can be checked, before anything is written or started
         overrides = [*(set_ or []), *([f"cluster.address={dask_address}"] if dask_address else [])]

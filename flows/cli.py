@@ -70,11 +70,10 @@ def train(
 ) -> None:
     """Train the agents of a MEG (a Prefect flow run on a Dask cluster)."""
     from flexmarl.cluster.local import connect
-    from flexmarl.config import load_config
+    from flexmarl.config import ConfigError, load_config
     from flexmarl.orchestrator.runtime import check_new_run_dir, resume_config
     from flexmarl.preflight import check_inputs, check_run_location
     from flexmarl.run_lock import run_lock
-    from flexmarl.config import ConfigError
     from flexmarl.run_start import check_resumable, clear_failed_start, never_committed
 
     if config is not None and preset is not None:

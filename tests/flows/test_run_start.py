@@ -161,3 +161,17 @@ def test_resume_runs_verify_first_and_a_healthy_store_passes(cli, tmp_path: Path
     result, reached = cli(["train", "--resume", str(run_dir)])
     assert result.exit_code == 2 and len(reached) == 1
     assert "its store fails verify: duplicate in samples/solver" in result.stderr
+
+
+def test_a_flow_started_from_a_deployment_takes_the_lock_too(prefect_api, tmp_path: Path) -> None:
+    from flexmarl.run_lock import RunLockError
+    from flows.train import train_run
+
+    holder = holder_process(tmp_path / "run")
+    try:
+        with pytest.raises(RunLockError, match=f"in use by process {holder.pid}"):
+            train_run(preset="tiny", run_dir=str(tmp_path / "run"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "run" / "config.yaml").exists()  # refused before the run wrote anything

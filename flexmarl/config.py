@@ -139,13 +139,21 @@ def apply_override(raw: dict, item: str) -> None:
     if not sep or not key:
         raise ConfigError(f"override {item!r} must look like dotted.key=value")
     *parents, leaf = key.strip().split(".")
+    if not all(part.strip() for part in (*parents, leaf)):
+        raise ConfigError(f"override {item!r}: the key has an empty part; write dotted.key=value, e.g. train.steps=3")
     node = raw
     for part in parents:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
         node = child
-    node[leaf] = yaml.safe_load(value)
+    try:
+        node[leaf] = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"override {item!r}: the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); quote it, "
+            f"e.g. --set '{key}=\"{value}\"'"
+        ) from None
 
 
 def describe_error(err: dict[str, Any]) -> str:
@@ -184,6 +192,14 @@ def _strip_optional(annotation: Any) -> Any:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         return args[0] if len(args) == 1 else annotation
     return annotation
+
+
+def config_summary(cfg: RunConfig) -> str:
+    """A run's config in one line: the agents' models, the data, the schedule (the whole is in config.yaml)."""
+    models = ", ".join(f"{a}={s.model}" for a, s in cfg.agents.items())
+    data = str(cfg.data.path) if cfg.data.path else cfg.data.dataset
+    return (f"models {models}; data {data}; {cfg.train.steps} steps of {cfg.train.queries_per_step} queries x "
+            f"{cfg.train.group_size}; mode {cfg.train.mode}")
 
 
 def dump_config(cfg: RunConfig) -> str:

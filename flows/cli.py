@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 from datetime import datetime
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,15 +13,49 @@ from rich.table import Table
 
 from flexmarl.config import PRESETS
 from flows.cli_bench import bench_app
-from flows.cli_output import console, fail
+from flows.cli_output import console, err_console, fail
 from flows.cli_report import export_command, report_command
 from flows.cli_sim import simulate
 from flows.cli_store import store_app
+
+# the shipped presets, listed without importing the config (and torch) for --help
+PRESETS = sorted(p.name.removesuffix(".yaml") for p in resources.files("flexmarl.presets").iterdir()
+                 if p.name.endswith(".yaml"))
 
 app = typer.Typer(help="FlexMARL: train teams of LLM agents with reinforcement learning.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
 app.add_typer(bench_app, name="bench")
 app.command()(simulate)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The project's own errors: each carries a one-line message naming the problem and the fix, so the CLI
+    prints it (exit 2) instead of a traceback."""
+    from flexmarl.cluster.local import ClusterError
+    from flexmarl.config import ConfigError
+    from flexmarl.models.loading import ModelError
+    from flexmarl.orchestrator.runtime import RunSetupError
+    from flexmarl.preflight import RunLocationError
+    from flexmarl.run_lock import RunLockError
+    from flexmarl.run_start import ResumeRefused
+    from flexmarl.workloads.datasets import DataError
+    from flows.prefect_server import PrefectAPIError
+    from storage.store import StoreError
+
+    return (ConfigError, ModelError, DataError, RunSetupError, RunLocationError, RunLockError, ResumeRefused,
+            ClusterError, StoreError, PrefectAPIError)
+
+
+def stop_on_sigterm(run_dir: Path) -> None:
+    """SIGTERM ends the run like Ctrl-C: the finally blocks stop the run's Prefect server and cluster (Python's
+    default would exit without running them)."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        err_console.print(f"stopped by SIGTERM; continue the run with `flexmarl train --resume {run_dir}`",
+                          highlight=False, soft_wrap=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 @app.command()
@@ -34,49 +70,62 @@ def train(
     )] = None,
 ) -> None:
     """Train the agents of a MEG (a Prefect flow run on a Dask cluster)."""
+    from flexmarl.cluster.local import connect
     from flexmarl.config import ConfigError, load_config
-    from flexmarl.models.loading import ModelError
-    from flexmarl.orchestrator.runtime import (
-        RunSetupError,
-        check_inputs,
-        check_new_run_dir,
-        check_run_paths,
-        resume_config,
-    )
-    from flexmarl.workloads.datasets import DataError
+    from flexmarl.orchestrator.runtime import check_new_run_dir, resume_config
+    from flexmarl.preflight import check_inputs, check_run_location
+    from flexmarl.run_lock import run_lock
+    from flexmarl.run_start import check_resumable, clear_failed_start, never_committed
 
     if config is not None and preset is not None:
         fail("give a config file or --preset, not both")
     if resume is not None and (config is not None or preset is not None or run_dir is not None):
         fail("--resume continues a run with its own config and directory: drop the config, --preset and --run-dir")
     run_dir = resume or run_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    try:  # check the inputs, and that the run can write its results, before starting any server or cluster
+    stop_on_sigterm(run_dir)
+    errors = user_errors()
+    try:  # everything that can be checked, before anything is written or started
         overrides = [*(set_ or []), *([f"cluster.address={dask_address}"] if dask_address else [])]
         if resume is not None:
-            cfg = resume_config(resume, overrides)
+            try:
+                cfg = resume_config(resume, overrides)
+            except ConfigError as exc:
+                if never_committed(resume):  # nothing to keep: a corrected new start is the way
+                    raise ConfigError(f"{exc}. This run committed nothing, so start it again in place: "
+                                      f"`flexmarl train <config or --preset> --run-dir {resume}` with the fix") from None
+                raise
         else:
-            check_new_run_dir(run_dir)
             cfg = load_config(config, preset=None if config else (preset or "default"), overrides=overrides)
-        check_run_paths(cfg, run_dir)
+        check_run_location(cfg, run_dir)
         check_inputs(cfg)
-    except (ConfigError, RunSetupError, ModelError, DataError) as exc:
+        if cfg.cluster.address:  # bounded by cluster.connect_timeout_s, also for a service that is not Dask
+            connect(cfg.cluster.address, timeout_s=cfg.cluster.connect_timeout_s).close()
+    except errors as exc:
         fail(str(exc))
     from flexmarl.estimate import describe_estimate
 
     console.print(f"run directory {run_dir}; {describe_estimate(cfg)}", highlight=False)
 
-    from flows.prefect_server import PrefectAPIError, prefect_api
+    from flows.prefect_server import prefect_api
     from flows.train import train_run
 
     try:
-        with prefect_api() as url:
-            console.print(f"Prefect API: {url}")
-            report = train_run(
-                preset=preset, config=str(config) if config else None, overrides=set_ or [],
-                run_dir=None if resume else str(run_dir), dask_address=dask_address,
-                resume=str(resume) if resume else None,
-            )
-    except PrefectAPIError as exc:
+        with run_lock(run_dir):  # refused at once, naming the holder, while another run uses the directory
+            if resume is not None:
+                check_resumable(cfg, run_dir)
+            else:
+                if clear_failed_start(run_dir):
+                    console.print(f"{run_dir}: took over an earlier start that failed before its first commit",
+                                  soft_wrap=True, highlight=False)
+                check_new_run_dir(run_dir)
+            with prefect_api() as url:
+                console.print(f"Prefect API: {url}")
+                report = train_run(
+                    preset=preset, config=str(config) if config else None, overrides=set_ or [],
+                    run_dir=None if resume else str(run_dir), dask_address=dask_address,
+                    resume=str(resume) if resume else None,
+                )
+    except errors as exc:
         fail(str(exc))
     table = Table(title=f"run {report['run_id']} ({report['wall_s']:.1f} s)")
     for col in ("agent", "version", "updates", "generated", "trained", "tokens", "reward by step"):
@@ -114,16 +163,29 @@ def failure_lines(report: dict) -> list[str]:
 
 
 @app.command()
-def validate(config: Annotated[Path, typer.Argument(help="Config YAML file.")]) -> None:
-    """Check a config: exit 0 when valid, 2 with the problems named otherwise."""
-    from flexmarl.config import ConfigError, load_config
+def validate(
+    config: Annotated[Optional[Path], typer.Argument(help="Config YAML file (default: the preset).")] = None,
+    preset: Annotated[Optional[str], typer.Option(help=f"Shipped config: {', '.join(PRESETS)}.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="Also check that this run directory can be written.")] = None,
+) -> None:
+    """Check a config and what it names (models, data), as `flexmarl train` does before it starts anything:
+    exit 0 when valid, 2 with the problem named otherwise."""
+    from flexmarl.config import config_summary, load_config
+    from flexmarl.preflight import check_inputs, check_run_location
 
+    if config is not None and preset is not None:
+        fail("give a config file or --preset, not both")
     try:
-        cfg = load_config(config)
-    except ConfigError as exc:
+        cfg = load_config(config, preset=None if config else (preset or "default"), overrides=set_ or [])
+        if run_dir is not None:
+            check_run_location(cfg, run_dir)
+        check_inputs(cfg)
+    except user_errors() as exc:
         fail(str(exc))
     order = " -> ".join(cfg.graph.order())
-    console.print(f"[green]valid[/]: {len(cfg.agents)} agents, graph order {order}")
+    console.print(f"[green]valid[/]: {len(cfg.agents)} agents, graph order {order}; {config_summary(cfg)}",
+                  soft_wrap=True)
 
 
 app.command("report")(report_command)

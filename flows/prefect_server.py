@@ -66,6 +66,7 @@ def prefect_api(*, startup_timeout_s: float = 90.0) -> Iterator[str]:
         server = subprocess.Popen(
             server_command(port), env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
         )
+        watchdog = start_watchdog(server.pid)
         try:
             _wait_healthy(url, server, stderr, startup_timeout_s)
             with temporary_settings({PREFECT_API_URL: url}):
@@ -83,6 +84,39 @@ def prefect_api(*, startup_timeout_s: float = 90.0) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait(timeout=15)
+            watchdog.kill()
+            watchdog.wait(timeout=15)
+
+
+# Ends the server's process group once the driver is gone, even after kill -9 of the driver, which runs no
+# finally block. The server has its own session (so that Ctrl-C reaches the driver, which then drains the logs
+# and stops it), so nothing else would end it. Polling getppid: the watchdog is re-parented when its parent dies.
+WATCHDOG = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == parent:
+    time.sleep(0.5)
+for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        break
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            sys.exit(0)
+        time.sleep(0.2)
+"""
+
+
+def start_watchdog(server_pid: int) -> subprocess.Popen:
+    """A process that ends the server's process group (``server_pid``'s) when this process dies."""
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(server_pid)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
 
 
 def _wait_healthy(url: str, server: subprocess.Popen, stderr: IO[bytes], timeout_s: float) -> None:

@@ -20,9 +20,12 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flexmarl.cluster.local import open_cluster
-from flexmarl.config import Preset, RunConfig, dump_config, load_config
+from flexmarl.config import Preset, RunConfig, config_summary, load_config
 from flexmarl.estimate import describe_estimate
-from flexmarl.orchestrator.runtime import RunContext, Runtime, attempts, prepare_run, resume_config
+from flexmarl.orchestrator.runtime import CONFIG_FILE, RunContext, Runtime, attempts, prepare_run, resume_config
+from flexmarl.preflight import check_inputs
+from flexmarl.run_lock import run_lock
+from flexmarl.run_start import check_resumable, clear_failed_start
 from flexmarl.tracking.tracker import RunTracker
 from flows.waiting import wait_for
 from tasks.engines import save_checkpoint, start_engines
@@ -86,15 +89,27 @@ def train_run(
     logger = get_run_logger()
     t0 = time.perf_counter()
     run_dir = resume or run_dir or default_run_dir()
+    with run_lock(run_dir):  # one run at a time in a directory; `flexmarl train` holds it already (re-entrant)
+        return _train(run_dir, t0, logger, config=config, preset=preset, steps=steps, overrides=overrides,
+                      dask_address=dask_address, resume=resume)
+
+
+def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str | None, steps: int | None,
+           overrides: list[str] | None, dask_address: str | None, resume: str | None) -> dict:
     # a retry of this flow run continues the run its earlier attempt started, never someone else's
     retried = flow_run.run_count > 1 and any(by == flow_run.id for _, by in attempts(run_dir))
     if resume or retried:
         cfg = resume_config(run_dir, resume_overrides(overrides, steps, dask_address))
+        check_resumable(cfg, run_dir)  # never train on a store that fails `flexmarl store verify`
     else:
         cfg = resolve_config(config, preset, overrides, steps, dask_address)
+        if clear_failed_start(run_dir):
+            logger.info("%s: took over an earlier start that failed before its first commit", run_dir)
+    check_inputs(cfg)  # models and data, before the cluster starts (done once per process and config)
     run_id, store_uri = prepare_run(cfg, run_dir, resume=bool(resume or retried), started_by=flow_run.id)
     what = "resuming run" if resume or retried else "run"
-    logger.info("%s %s in %s; resolved config:\n%s", what, run_id, Path(run_dir).resolve(), dump_config(cfg))
+    logger.info("%s %s in %s: %s; resolved config: %s", what, run_id, Path(run_dir).resolve(), config_summary(cfg),
+                Path(run_dir).resolve() / CONFIG_FILE)
     logger.info("%s", describe_estimate(cfg))
 
     tracker = RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg)  # checks before the cluster

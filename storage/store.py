@@ -171,6 +171,8 @@ class ExperienceStore:
                 f"no Delta table {table!r} under {self.root}: is this a FlexMARL store? Give a run directory or "
                 "its 'store/' folder"
             ) from exc
+        except DeltaError as exc:  # a damaged log: one line naming the table, the version and the fix
+            raise TableLoadError(table, describe_delta_error(self.table_uri(table), exc, self.storage_options)) from exc
 
     def version(self, table: str) -> int:
         return self.open(table).version()
@@ -415,6 +417,62 @@ class ExperienceStore:
         return {"root": self.root, "tables": tables, "agents": agents}
 
 
-def error_summary(exc: BaseException) -> str:
-    """An error's first line: deltalake appends a native backtrace to its messages."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+def error_summary(exc: BaseException, limit: int = 200) -> str:
+    """An error's first line, cut at ``limit`` characters: deltalake appends a native backtrace to its messages,
+    and its kernel errors print whole Rust structs."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return line if len(line) <= limit else line[:limit] + " ..."
+
+
+class TableLoadError(StoreError, DeltaError):
+    """A Delta table whose log does not load. Still a ``DeltaError``, so that callers that report a damaged table
+    and go on keep doing so; ``detail`` is the message without the table's name."""
+
+    def __init__(self, table: str, detail: str) -> None:
+        super().__init__(f"{table}: {detail}")
+        self.table = table
+        self.detail = detail
+
+
+def log_versions(table_uri: str, storage_options: dict[str, str] | None = None) -> list[int] | None:
+    """The versions of the commit files in the table's ``_delta_log``, sorted; None when it cannot be listed."""
+    if storage_options:
+        return None  # object stores: listing needs their credentials; the message then names no version
+    try:
+        fs, path = pafs.FileSystem.from_uri(f"{table_uri}/_delta_log")
+        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(path)) if i.extension == "json"]
+    except (OSError, ValueError):
+        return None
+    return sorted(int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit())
+
+
+def first_unloadable_version(table_uri: str, storage_options: dict[str, str] | None = None) -> int | None:
+    """The first commit at which the table stops loading (a bisection over the commits in ``_delta_log``)."""
+    versions = log_versions(table_uri, storage_options)
+    if not versions:
+        return None
+    lo, hi = 0, len(versions) - 1  # loading versions[hi] fails; find the first index that fails
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            DeltaTable(table_uri, version=versions[mid])
+            lo = mid + 1
+        except Exception:  # noqa: BLE001 - any failure to load counts
+            hi = mid
+    return versions[lo]
+
+
+def describe_delta_error(table_uri: str, exc: BaseException, storage_options: dict[str, str] | None = None) -> str:
+    """What is wrong with a table whose Delta log fails to load, in one line: the version at fault and the fix."""
+    versions = log_versions(table_uri, storage_options)
+    missing = sorted(set(range(versions[0], versions[-1] + 1)) - set(versions)) if versions else []
+    if missing:  # the kernel names the file before the gap, which is not the one to restore
+        gone = ", ".join(f"{v:020d}.json" for v in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        return (f"the Delta log is missing commit {missing[0]} ({gone} in _delta_log), so versions from "
+                f"{missing[0]} on do not load; restore that commit file from a backup; versions before "
+                f"{missing[0]} still read")
+    version = first_unloadable_version(table_uri, storage_options)
+    if version is None:
+        return f"the Delta log fails to load: {error_summary(exc)}; restore the table's _delta_log from a backup"
+    return (f"the Delta log fails to load at version {version}: {error_summary(exc)}; restore that commit file "
+            "of _delta_log from a backup; earlier versions still read")

@@ -24,10 +24,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
-from deltalake import DeltaTable
 
-from storage.store import EPISODES, UPDATES, ExperienceStore, StoreError, error_summary
+from storage.store import EPISODES, UPDATES, ExperienceStore, StoreError, TableLoadError, error_summary
 
 MAX_IDS = 1000  # ids listed per violation; the detail gives the full count
 
@@ -101,41 +99,16 @@ def _read(store: ExperienceStore, table: str, columns: list[str]) -> tuple[pa.Ta
     """The table's columns at its latest version, or an ``unreadable`` violation naming the version."""
     try:
         dt = store.open(table)
+    except TableLoadError as exc:  # a damaged log: the detail names the version at fault and the fix
+        return None, [Violation("unreadable", table, (), exc.detail)]
     except StoreError as exc:
         return None, [Violation("unreadable", table, (), str(exc))]
-    except Exception as exc:  # deltalake raises several types for a damaged log
-        version = _first_unloadable_version(store.table_uri(table))
-        where = "the Delta log fails to load" + ("" if version is None else f" at version {version}")
-        fix = ("restore that commit file of _delta_log from a backup; earlier versions still read"
-               if version is not None else "restore the table's _delta_log from a backup")
-        return None, [Violation("unreadable", table, (), f"{where}: {error_summary(exc)}; {fix}")]
     try:
         # One chunk per column, so that list offsets (list_parent_indices) index rows of the whole table.
         return store.dataset(table, dt=dt).to_table(columns=columns).combine_chunks(), []
     except Exception as exc:  # a missing or damaged data file
         detail = f"data of version {dt.version()} cannot be read: {error_summary(exc)}"
         return None, [Violation("unreadable", table, (), detail)]
-
-
-def _first_unloadable_version(uri: str) -> int | None:
-    """The first commit at which the table stops loading (a bisection over the commits in ``_delta_log``)."""
-    try:
-        fs, path = pafs.FileSystem.from_uri(f"{uri}/_delta_log")
-        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(path)) if i.extension == "json"]
-    except (OSError, ValueError):
-        return None
-    versions = sorted(int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit())
-    if not versions:
-        return None
-    lo, hi = 0, len(versions) - 1  # loading versions[hi] fails; find the first index that fails
-    while lo < hi:
-        mid = (lo + hi) // 2
-        try:
-            DeltaTable(uri, version=versions[mid])
-            lo = mid + 1
-        except Exception:
-            hi = mid
-    return versions[lo]
 
 
 # ---------------------------------------------------------------- checks

@@ -2,16 +2,21 @@ from __future__ import annotations
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled, State
 
-from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.pipeline import PipelineResult, PipelineStopped
 from flexmarl.orchestrator.runtime import RunContext, Runtime
 
 
 @task(name="rollout-and-train", cache_policy=NO_CACHE, cache_result_in_memory=False)
-def run_pipeline(ctx: RunContext) -> PipelineResult:
+def run_pipeline(ctx: RunContext) -> PipelineResult | State:
     """The whole rollout stream and every agent's micro-batch training, on Dask, for ``train.steps`` steps.
 
     Generation batches and micro-batches are plain Dask tasks inside; each agent update it finishes is
-    published by the flow as its own ``agent-update`` task run.
+    published by the flow as its own ``agent-update`` task run. Stopped by the flow (Ctrl-C, SIGTERM, a
+    failure elsewhere), it ends Cancelled: a stop on request, resumable from the store, is no task failure.
     """
-    return Runtime.get(ctx).run()
+    try:
+        return Runtime.get(ctx).run()
+    except PipelineStopped as exc:
+        return Cancelled(message=str(exc))

@@ -9,6 +9,7 @@ the case produced. ``see`` names the deeper test of the same behaviour, where th
 
 from __future__ import annotations
 
+import http.server
 import logging
 import re
 import shutil
@@ -385,6 +386,124 @@ def too_many_slots(tmp_path: Path) -> str:
     return raised(ValueError, lambda: training_slots(3, ["tcp://a:1", "tcp://b:1"]))
 
 
+# ------------------------------------------------------------------ checked before the run (flexmarl.preflight)
+
+
+def inputs_error(tmp_path: Path, exc_type: type[BaseException], overrides: list[str]) -> str:
+    """``check_inputs`` (what validate and train run before anything starts) refuses the tiny preset with
+    ``overrides``."""
+    from flexmarl.config import load_config
+    from flexmarl.preflight import check_inputs
+
+    cfg = load_config(preset="tiny", overrides=overrides)
+    return raised(exc_type, lambda: check_inputs(cfg))
+
+
+def data_error(tmp_path: Path, overrides: list[str]) -> str:
+    from flexmarl.workloads.datasets import DataError
+
+    return inputs_error(tmp_path, DataError, overrides)
+
+
+def jsonl_error(tmp_path: Path, text: str) -> str:
+    data = tmp_path / "data.jsonl"
+    data.write_text(text)
+    return data_error(tmp_path, [f"data.path={data}"])
+
+
+def fake_gguf(tmp_path: Path) -> str:
+    from flexmarl.models.loading import ModelError
+
+    model = tmp_path / "model.gguf"
+    model.write_text("<html>not found</html>")  # what a failed download often leaves
+    return inputs_error(tmp_path, ModelError, [f"agents.solver.model={model}"])
+
+
+def damaged_safetensors(tmp_path: Path) -> str:
+    from flexmarl.models.loading import ModelError
+
+    model = model_copy(tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # an interrupted copy
+    return inputs_error(tmp_path, ModelError, [f"agents.solver.model={model}"])
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # its request log would go to the stderr the test reads
+        pass
+
+
+def not_a_dask_scheduler(tmp_path: Path) -> str:
+    """An HTTP server where the scheduler should be: refused within the bound, not waited on forever."""
+    import threading
+
+    from flexmarl.cluster.local import ClusterError, connect
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        return raised(ClusterError, lambda: connect(f"tcp://127.0.0.1:{server.server_port}", timeout_s=2))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+HOLD_LOCK = """
+import sys, time
+from flexmarl.run_lock import run_lock
+with run_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def held_by_another_process(run_dir: Path):
+    """A real second process holding the run directory's lock (an OS lock is per process)."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def run_dir_in_use(tmp_path: Path) -> str:
+    from flexmarl.run_lock import RunLockError, run_lock
+
+    run_dir = tmp_path / "run"
+    holder = held_by_another_process(run_dir)
+    try:
+        def take() -> None:
+            with run_lock(run_dir):
+                pass
+
+        message = raised(RunLockError, take)
+        assert str(holder.pid) in message
+        return message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def missing_delta_commit(tmp_path: Path) -> str:
+    from storage.verify import verify_store
+
+    _, _, store = committed_store(tmp_path)
+    (Path(store.table_uri("samples/verifier")) / "_delta_log" / f"{1:020d}.json").unlink()
+    (bad,) = [v for v in verify_store(store) if v.check == "unreadable"]
+    return f"{bad.table}: {bad.detail}"
+
+
+def resume_fails_verify(tmp_path: Path) -> str:
+    """A resume of a run whose store fails verify is refused, naming the problem and the repair."""
+    from flexmarl.config import load_config
+    from flexmarl.run_start import ResumeRefused, check_resumable
+
+    cfg, run_dir, store = committed_store(tmp_path)
+    (Path(store.table_uri("samples/solver")) / "_delta_log" / f"{1:020d}.json").unlink()
+    return raised(ResumeRefused, lambda: check_resumable(load_config(run_dir / "config.yaml"), run_dir))
+
+
 # ------------------------------------------------------------------ the table
 
 CONFIG = "tests/flexmarl/meg/test_spec.py"
@@ -502,6 +621,51 @@ CASES = [
           "start it with `prefect server start` or unset PREFECT_API_URL")),
     Case("prefect-silent", prefect_silent,
          (r"the Prefect API at http://127.0.0.1:\d+/api does not answer \(no answer within 1s\)",)),
+    Case("bad-override-value", lambda t: config_error(t, overrides=("train.steps=[",)),
+         (r"override 'train.steps=\[': the value is not valid YAML", "quote it")),
+    Case("bad-memory-limit", lambda t: config_error(t, overrides=("cluster.memory_limit=lots",)),
+         (r"cluster.memory_limit: 'lots' is not a memory size", "write a size such as '6GiB'")),
+    Case("template-does-not-parse",
+         lambda t: config_error(t, with_change(lambda r: r["agents"]["verifier"].update(prompt="{solver} {question"))),
+         (r"agents.verifier.prompt: the prompt template does not parse \(expected '}' before end of string\)",
+          r"close every \{field\}, or write a literal brace as \{\{ or \}\}")),
+    Case("template-field-not-a-name",
+         lambda t: config_error(t, with_change(lambda r: r["agents"]["solver"].update(prompt="{question.__class__}"))),
+         (r"agents.solver.prompt: the prompt template has the field \{question.__class__\}",
+          r"a field is a plain name such as \{question\}")),
+    Case("unknown-dataset", lambda t: data_error(t, ["data.dataset=gsm_symbolc", "data.dataset_args={}"]),
+         (r"data.dataset: unknown dataset 'gsm_symbolc' \(did you mean 'gsm_symbolic'\?\)",
+          r"one of reasoning-gym's: .*basic_arithmetic.*gsm_symbolic")),
+    Case("unknown-dataset-argument", lambda t: data_error(t, ["data.dataset_args.max_termz=3"]),
+         (r"data.dataset_args: \['max_termz'\] is not an argument of the 'basic_arithmetic' dataset \(did you mean "
+          r"'max_terms'\?\)", "its arguments: .*max_terms")),
+    Case("dataset-refuses-arguments", lambda t: data_error(t, ["data.dataset_args.max_terms=1"]),
+         (r"data.dataset_args: reasoning-gym refuses 'basic_arithmetic' with .*max_terms must be >= min_terms",
+          "change those arguments")),
+    Case("empty-jsonl", lambda t: jsonl_error(t, "\n"),
+         (r"data file .*data.jsonl holds no tasks", "give one JSON object per line")),
+    Case("jsonl-answer-without-number",
+         lambda t: jsonl_error(t, '{"question": "1+1", "answer": "#### 2"}\n{"question": "2+2", "answer": "four"}\n'),
+         (r"data.jsonl:2: the answer has no final number \(it ends 'four'\)", "end each answer with '#### <number>'")),
+    Case("not-a-gguf-file", fake_gguf,
+         (r"agents.solver.model: model file '.*model.gguf' is not a GGUF file", "give a complete .gguf file")),
+    Case("damaged-safetensors", damaged_safetensors,
+         (r"agents.solver.model: model weights .*model.safetensors do not parse as safetensors",
+          "copy it again, or write the model again with save_pretrained")),
+    Case("not-a-dask-scheduler", not_a_dask_scheduler,
+         (r"the service at tcp://127.0.0.1:\d+ does not answer as a Dask scheduler within 2s",
+          "check cluster.address")),
+    Case("run-dir-in-use", run_dir_in_use,
+         (r"run is in use by process \d+ on \S+ \(flexmarl train, started .*\)",
+          r"wait for that run to end, or stop it \(kill \d+\) and resume with `flexmarl train --resume",
+          "or choose another --run-dir")),
+    Case("missing-delta-commit", missing_delta_commit,
+         (r"samples/verifier: the Delta log is missing commit 1 \(00000000000000000001.json in _delta_log\)",
+          "restore that commit file from a backup; versions before 1 still read"),
+         "tests/storage/test_verify.py::test_a_missing_commit_is_named_not_the_one_after_it"),
+    Case("resume-fails-verify", resume_fails_verify,
+         (r"cannot resume .*run: its store fails verify: unreadable in samples/solver: the Delta log is missing "
+          r"commit 1", "a resumed run would train on it", "Restore the store from a backup")),
 ]
 BY_ID = {c.id: c for c in CASES}
 FILLED_ELSEWHERE = {"reward-raises", "unparsable-output", "nan-loss"}
@@ -568,3 +732,249 @@ def test_every_documented_kind_has_a_test_and_every_case_is_documented() -> None
         if case.see:
             path, _, function = case.see.partition("::")
             assert re.search(rf"^def {function}\(", (ROOT / path).read_text(), re.M), case.see
+
+
+# ------------------------------------------------------------------ every documented error, through the CLI
+#
+# Each row of docs/errors.md that a user can meet on the command line is triggered here through `flexmarl ...`
+# (typer's runner, in this process): it must exit with code 2, print the row's message, and no traceback.
+# A row that only happens during a run is listed in DURING_A_RUN with the reason; no row may be in neither.
+
+
+def documented_rows() -> dict[str, list[str]]:
+    """docs/errors.md's rows by kind (the first cell): the messages of the row."""
+    rows = {}
+    for line in ERRORS_DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) != 5 or cells[0] == "kind" or set(cells[0]) <= set("-: "):
+            continue
+        rows[cells[0]] = re.findall(r"``\s?(.*?)\s?``", cells[1])
+    return rows
+
+
+def tiny_file(tmp_path: Path, change: Callable[[dict], None]) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(with_change(change)))
+    return str(path)
+
+
+def text_file(tmp_path: Path, text: str, name: str = "run.yaml") -> str:
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+def validate_tiny(*overrides: str) -> list[str]:
+    return ["validate", "--preset", "tiny", *[a for o in overrides for a in ("--set", o)]]
+
+
+def train_tiny(tmp_path: Path, *args: str) -> list[str]:
+    return ["train", "--preset", "tiny", "--run-dir", str(tmp_path / "new-run"), *args]
+
+
+def tokenizer_mismatch_model(tmp_path: Path) -> str:
+    from flexmarl.models.loading import load_tokenizer
+
+    model = model_copy(tmp_path)
+    tok = load_tokenizer(model)
+    tok.add_tokens([f"<extra{i}>" for i in range(5)])
+    tok.save_pretrained(model)
+    return str(model)
+
+
+def pickled_model(tmp_path: Path) -> str:
+    model = model_copy(tmp_path)
+    (model / "model.safetensors").unlink()
+    torch.save({"w": torch.zeros(1)}, model / "pytorch_model.bin")
+    return str(model)
+
+
+def fake_gguf_file(tmp_path: Path) -> str:
+    return text_file(tmp_path, "<html>not found</html>", "model.gguf")
+
+
+def truncated_weights(tmp_path: Path) -> str:
+    model = model_copy(tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    return str(model)
+
+
+def damaged_run(tmp_path: Path, damage: Callable[[Path, object], None]) -> list[str]:
+    """A run with two committed steps, damaged, then resumed."""
+    _, run_dir, store = committed_store(tmp_path)
+    damage(run_dir, store)
+    return ["train", "--resume", str(run_dir)]
+
+
+def delete_commit(table: str, version: int) -> Callable[[Path, object], None]:
+    return lambda run_dir, store: (Path(store.table_uri(table)) / "_delta_log" / f"{version:020d}.json").unlink()
+
+
+def corrupt_commit(run_dir: Path, store) -> None:
+    (Path(store.table_uri("samples/verifier")) / "_delta_log" / f"{2:020d}.json").write_text("{not json")
+
+
+def in_use(tmp_path: Path, stack) -> list[str]:
+    holder = held_by_another_process(tmp_path / "new-run")
+    stack.callback(holder.wait)
+    stack.callback(holder.kill)
+    return train_tiny(tmp_path)
+
+
+def http_server(stack) -> int:
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stack.callback(server.server_close)
+    stack.callback(server.shutdown)
+    return server.server_port
+
+
+def scheduler_without_workers(stack) -> str:
+    from distributed import LocalCluster
+
+    cluster = stack.enter_context(LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1",
+                                               dashboard_address=None))
+    return cluster.scheduler_address
+
+
+def prefect_at(stack, url: str) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    stack.enter_context(temporary_settings({PREFECT_API_URL: url}))
+
+
+def silent_listener(stack) -> int:
+    listener = stack.enter_context(socket.socket())
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener.getsockname()[1]
+
+
+def edge(parent: str, child: str) -> Callable[[dict], None]:
+    return lambda r: r["graph"]["edges"].append([parent, child])
+
+
+# kind (docs/errors.md's first cell) -> (tmp_path, exit stack) -> the flexmarl arguments
+CLI_CASES: dict[str, Callable] = {
+    "malformed YAML": lambda t, s: ["validate", text_file(t, "agents:\n  solver: {model: tiny\n  verifier: x\n")],
+    "not a mapping": lambda t, s: ["validate", text_file(t, "- solver\n- verifier\n")],
+    "missing config file": lambda t, s: ["validate", str(t / "nope.yaml")],
+    "unknown preset": lambda t, s: ["validate", "--preset", "tinny"],
+    "bad `--set`": lambda t, s: validate_tiny("train.steps"),
+    "`--set` value that is not YAML": lambda t, s: validate_tiny("train.steps=["),
+    "unknown key": lambda t, s: validate_tiny("train.stepz=3"),
+    "wrong type": lambda t, s: validate_tiny("train.steps=many"),
+    "value out of range": lambda t, s: validate_tiny("training.lr=-1"),
+    "memory size": lambda t, s: train_tiny(t, "--set", "cluster.memory_limit=lots"),
+    "cyclic graph": lambda t, s: ["validate", tiny_file(t, edge("verifier", "solver"))],
+    "template field no parent provides": lambda t, s: validate_tiny('agents.verifier.prompt="{question} {plan}"'),
+    "template that does not parse": lambda t, s: ["validate", tiny_file(
+        t, lambda r: r["agents"]["verifier"].update(prompt="{solver} {question"))],
+    "template field that is not a name": lambda t, s: validate_tiny('agents.solver.prompt="{question.__class__}"'),
+    "unknown agent": lambda t, s: ["validate", tiny_file(t, lambda r: r["graph"]["nodes"][1].update(agent="verifer"))],
+    "unused agent": lambda t, s: ["validate", tiny_file(t, lambda r: r["agents"].update(judge=r["agents"]["verifier"]))],
+    "unknown node": lambda t, s: ["validate", tiny_file(t, edge("solver", "verifer"))],
+    "duplicate node": lambda t, s: ["validate", tiny_file(t, lambda r: r["graph"]["nodes"].append(r["graph"]["nodes"][0]))],
+    "bad agent name": lambda t, s: ["validate", tiny_file(t, lambda r: r["agents"].update(Solver=r["agents"].pop("solver")))],
+    "unregistered parser or reward": lambda t, s: validate_tiny("agents.solver.reward=os.system"),
+    "reward needs a task field": lambda t, s: validate_tiny("agents.solver.reward=passes_tests"),
+    "bad scheduler address": lambda t, s: train_tiny(t, "--dask-address", "localhost"),
+    "run-wide setting per agent": lambda t, s: validate_tiny("agents.solver.training.mixed_precision=bf16"),
+    "fp16": lambda t, s: validate_tiny("training.mixed_precision=fp16"),
+    "vLLM not installed": lambda t, s: validate_tiny("rollout.backend=vllm"),
+    "missing model path": lambda t, s: validate_tiny(f"agents.solver.model={t / 'no-model'}"),
+    "not a model directory": lambda t, s: (t / "empty").mkdir() or validate_tiny(f"agents.solver.model={t / 'empty'}"),
+    "pickled weights": lambda t, s: validate_tiny(f"agents.solver.model={pickled_model(t)}"),
+    "not a GGUF file": lambda t, s: validate_tiny(f"agents.solver.model={fake_gguf_file(t)}"),
+    "damaged safetensors": lambda t, s: train_tiny(t, "--set", f"agents.solver.model={truncated_weights(t)}"),
+    "tokenizer does not match its model": lambda t, s: validate_tiny(f"agents.verifier.model={tokenizer_mismatch_model(t)}"),
+    "missing data file": lambda t, s: validate_tiny(f"data.path={t / 'nope.jsonl'}"),
+    "corrupt JSONL line": lambda t, s: validate_tiny("data.path=" + text_file(
+        t, '{"question": "1+1", "answer": "#### 2"}\n{"question": "2+2", "answer": 4}\n', "data.jsonl")),
+    "JSONL answer without a number": lambda t, s: train_tiny(t, "--set", "data.path=" + text_file(
+        t, '{"question": "1+1", "answer": "#### 2"}\n{"question": "2+2", "answer": "four"}\n', "data.jsonl")),
+    "empty JSONL": lambda t, s: validate_tiny("data.path=" + text_file(t, "\n", "data.jsonl")),
+    "unknown dataset": lambda t, s: validate_tiny("data.dataset=gsm_symbolc", "data.dataset_args={}"),
+    "unknown dataset argument": lambda t, s: train_tiny(t, "--set", "data.dataset_args.max_termz=3"),
+    "dataset refuses its arguments": lambda t, s: validate_tiny("data.dataset_args.max_terms=1"),
+    "run directory cannot be written": lambda t, s: (t / "a-file").write_text("") or [
+        "train", "--preset", "tiny", "--run-dir", str(t / "a-file" / "x")],
+    "store cannot be written": lambda t, s: (t / "a-file").write_text("") or train_tiny(
+        t, "--set", f"store.uri={t / 'a-file' / 'store'}"),
+    "corrupted Delta log": lambda t, s: damaged_run(t, corrupt_commit),
+    "missing Delta commit": lambda t, s: damaged_run(t, delete_commit("samples/verifier", 1)),
+    "resume of a store that fails verify": lambda t, s: damaged_run(t, delete_commit("samples/solver", 1)),
+    "run directory in use": in_use,
+    "not a store": lambda t, s: damaged_run(t, lambda run_dir, store: shutil.rmtree(store.table_uri("updates"))),
+    "a new run in a run directory": lambda t, s: committed_store(t) and ["train", "--preset", "tiny", "--run-dir",
+                                                                          str(t / "run")],
+    "nothing to resume": lambda t, s: (t / "nothing").mkdir() or ["train", "--resume", str(t / "nothing")],
+    "a resumed run changes its settings": lambda t, s: damaged_run(t, lambda *_: None) + ["--set", "training.lr=0.1"],
+    "Dask scheduler unreachable": lambda t, s: train_tiny(t, "--dask-address", f"tcp://127.0.0.1:{free_port()}",
+                                                          "--set", "cluster.connect_timeout_s=2"),
+    "not a Dask scheduler": lambda t, s: train_tiny(t, "--dask-address", f"tcp://127.0.0.1:{http_server(s)}",
+                                                    "--set", "cluster.connect_timeout_s=2"),
+    "Dask scheduler without workers": lambda t, s: train_tiny(t, "--dask-address", scheduler_without_workers(s),
+                                                              "--set", "cluster.connect_timeout_s=1"),
+    "Prefect API unreachable": lambda t, s: prefect_at(s, f"http://127.0.0.1:{free_port()}/api") or train_tiny(t),
+    "Prefect API silent": lambda t, s: prefect_at(s, f"http://127.0.0.1:{silent_listener(s)}/api") or train_tiny(t),
+}
+REACH_PREFECT = {"Prefect API unreachable", "Prefect API silent"}  # refused at the Prefect step, by design
+
+# Rows that are not a refusal on the command line: met while a run goes on (recorded, counted, or failing the
+# run's flow with the message), or needing another environment.
+DURING_A_RUN = {
+    "head size vLLM's CPU attention lacks": "needs vLLM (.venv-vllm); tested in tests/flexmarl/rollout",
+    "a reward function raises": "recorded and counted while the run goes on",
+    "an output does not parse": "recorded and counted while the run goes on",
+    "NaN loss": "the update is skipped while the run goes on",
+    "weight update that does not fit": "found by a replica during the run",
+    "weight sync hangs": "a bound hit during the run",
+    "engines do not start in time": "a bound hit while the engines start, inside the flow",
+    "generation batch hangs": "a bound hit during the run",
+    "another accelerate configuration": "found on a long-lived worker when the engines start",
+    "training state missing": "found when a state moves between slots",
+    "stale training state": "found when a state moves between slots",
+    "training state of a version missing": "found when the engines start from their snapshots",
+    "worker resource nobody offers": "found when the engines are placed on the cluster, inside the flow",
+    "more slots than workers": "found when the engines are placed on the cluster, inside the flow",
+}
+
+
+def test_every_documented_row_is_run_through_the_cli_or_says_why_not() -> None:
+    rows = set(documented_rows())
+    assert not rows - set(CLI_CASES) - set(DURING_A_RUN), "rows neither run through the CLI nor listed as in-run"
+    assert not (set(CLI_CASES) | set(DURING_A_RUN)) - rows, "cases for rows docs/errors.md no longer has"
+
+
+@pytest.mark.parametrize("kind", sorted(CLI_CASES))
+def test_every_cli_error_exits_2_without_a_traceback(kind: str, tmp_path: Path) -> None:
+    import contextlib
+    import signal
+
+    from typer.testing import CliRunner
+
+    from flows import cli
+
+    def no_server(*args, **kwargs):  # fault injection: reaching the Prefect step would be the bug
+        raise AssertionError("the run got as far as starting a Prefect server")
+
+    sigterm = signal.getsignal(signal.SIGTERM)  # `train` installs its own handler; give the test runner its own
+    with contextlib.ExitStack() as stack, pytest.MonkeyPatch.context() as mp:
+        stack.callback(signal.signal, signal.SIGTERM, sigterm)
+        args = CLI_CASES[kind](tmp_path, stack)
+        if kind not in REACH_PREFECT:
+            mp.setattr("flows.prefect_server.prefect_api", no_server)
+        result = CliRunner().invoke(cli.app, args)
+    shown = result.output + result.stderr
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (result.exception, shown)
+    assert "Traceback" not in shown
+    (first, *_) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert first.startswith("error: "), result.stderr
+    for span in documented_rows()[kind]:
+        assert message_pattern(span).search(result.stderr), f"{kind}: docs/errors.md says {span!r}; printed:\n{shown}"
+    new_run = tmp_path / "new-run"
+    if kind != "run directory in use":  # a refused start leaves nothing behind
+        assert not new_run.exists(), sorted(p.name for p in new_run.iterdir())

@@ -19,7 +19,8 @@ class ClusterConfig(Strict):
     threads_per_worker: int = Field(1, ge=1)
     """Threads per worker; torch also gets this many threads (more than the cores makes timings erratic)."""
     memory_limit: str = "auto"
-    """Per-worker memory limit of the LocalCluster (Dask syntax, e.g. '6GiB')."""
+    """Per-worker memory limit of the LocalCluster: 'auto' (the machine's memory shared by the workers), a size
+    such as '6GiB' or '500MB', a byte count, or a fraction of the machine's memory in (0, 1] such as '0.5'."""
     connect_timeout_s: float = Field(60.0, gt=0)
     """How long to wait for the scheduler and its workers, for freeing a run's engines at its end, and for a live
     worker to rebuild a lost worker's engines on, before the run fails."""
@@ -34,6 +35,34 @@ class ClusterConfig(Strict):
     """Only workers offering this Dask resource host rollout replicas (e.g. 'rollout' or 'GPU'); null: any."""
     train_resource: str | None = None
     """Only workers offering this Dask resource host trainers (e.g. 'train' or 'GPU'); null: any."""
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _memory_parses(cls, limit: object) -> str:
+        # Dask would only fail on this inside LocalCluster, after the Prefect server and the flow have started
+        from dask.utils import parse_bytes
+
+        fix = "write a size such as '6GiB' or '500MB', a fraction of memory such as 0.5, or 'auto'"
+        if isinstance(limit, bool) or not isinstance(limit, str | int | float):
+            raise ValueError(f"must be a memory size; {fix}")
+        text = str(limit).strip()
+        if text == "auto":
+            return text
+        try:
+            number = float(text)
+        except ValueError:
+            number = None
+        if number is not None:
+            if not (0 < number <= 1 or (number > 1 and number.is_integer())):
+                raise ValueError(f"{text!r} is neither a fraction in (0, 1] nor a whole number of bytes; {fix}")
+            return text
+        try:
+            size = parse_bytes(text)
+        except (ValueError, TypeError):
+            raise ValueError(f"{text!r} is not a memory size; {fix}") from None
+        if size <= 0:
+            raise ValueError(f"{text!r} is not a positive memory size; {fix}")
+        return text
 
     @field_validator("address")
     @classmethod

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from distributed import Client, Future, LocalCluster
-from distributed.comm import parse_address, parse_host_port
+from distributed.comm import connect as comm_connect, parse_address, parse_host_port
 
 from flexmarl.cluster.config import ClusterConfig
 
@@ -53,7 +55,26 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
     try:
         yield cluster.scheduler_address
     finally:
+        _close_workers(cluster, WORKER_EXIT_S)
         cluster.close()
+
+
+# A worker that has loaded torch and models can take several seconds to exit on a busy machine; Dask's nanny
+# waits 4 s, then kills it with a warning on every clean shutdown. Waiting longer keeps the exit clean.
+WORKER_EXIT_S = 20.0
+
+
+def _close_workers(cluster: LocalCluster, timeout_s: float) -> None:
+    """Ask every worker of ``cluster`` to exit, killing one only after ``timeout_s`` (0.8 of it, as Dask does)."""
+
+    async def close_all() -> None:
+        nannies = list(cluster.workers.values())
+        await asyncio.gather(*(n.close(timeout=timeout_s) for n in nannies), return_exceptions=True)
+
+    try:
+        cluster.sync(close_all)
+    except Exception as exc:  # noqa: BLE001 - cluster.close() below still ends every worker
+        logging.getLogger(__name__).debug("closing the workers of %s: %s", cluster.scheduler_address, exc)
 
 
 def connect(address: str, *, timeout_s: float, n_workers: int = 1) -> Client:
@@ -64,6 +85,7 @@ def connect(address: str, *, timeout_s: float, n_workers: int = 1) -> Client:
     """
     fix = "check cluster.address (--dask-address) or start the scheduler (`dask scheduler`)"
     _probe(address, timeout_s, fix)
+    _handshake(address, timeout_s, fix)
     try:
         client = Client(address, timeout=f"{timeout_s}s", set_as_default=False)
     except (OSError, TimeoutError) as exc:
@@ -98,6 +120,41 @@ def _probe(address: str, timeout_s: float, fix: str) -> None:
         raise ClusterError(
             f"cannot reach the Dask scheduler at {address} within {timeout_s:.0f}s ({reason}); {fix}"
         ) from None
+
+
+def _handshake(address: str, timeout_s: float, fix: str) -> None:
+    """Fail within ``timeout_s`` unless the service at a tcp:// address answers Dask's ``identity`` call as a
+    scheduler. ``Client(timeout=...)`` does not bound this: against, say, an HTTP server it waits forever."""
+    if parse_address(address)[0] != "tcp":
+        return
+
+    async def identity() -> object:
+        comm = await comm_connect(address, timeout=timeout_s)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    async def bounded() -> object:
+        return await asyncio.wait_for(identity(), timeout_s)
+
+    # its own thread and event loop: the caller may be inside one (a Prefect flow), and asyncio.run needs none
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-handshake") as pool:
+        try:
+            reply = pool.submit(asyncio.run, bounded()).result()
+        except (TimeoutError, asyncio.TimeoutError):
+            raise ClusterError(
+                f"the service at {address} does not answer as a Dask scheduler within {timeout_s:.0f}s "
+                f"(cluster.connect_timeout_s); {fix}"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - whatever answered spoke another protocol
+            raise ClusterError(
+                f"the service at {address} does not answer as a Dask scheduler ({type(exc).__name__}); {fix}"
+            ) from None
+    if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
+        what = reply.get("type") if isinstance(reply, dict) else type(reply).__name__
+        raise ClusterError(f"the service at {address} is not a Dask scheduler (it answers as {what!r}); {fix}")
 
 
 def workers_offering(client: Client, resource: str | None, role: str) -> list[str]:

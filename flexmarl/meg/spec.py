@@ -42,6 +42,28 @@ def unregistered(kind: str, name: str, registry: dict) -> str:
     )
 
 
+def check_template(template: str, field: str) -> None:
+    """A prompt template ``str.format`` can fill from named fields alone; the error says how to write it.
+
+    Raises:
+        ValueError: an unbalanced brace, a ``{}`` without a name, or a field that is not a plain name (``{a.b}``
+            and ``{a[0]}`` would reach into Python objects).
+    """
+    literal = "write a literal brace as {{ or }}"
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"the {field} template does not parse ({exc}); close every {{field}}, or {literal}") from None
+    for _, name, spec, _ in parts:
+        if name is None:
+            continue
+        if not name.isidentifier() or "{" in (spec or ""):
+            raise ValueError(
+                f"the {field} template has the field {{{name}}}; a field is a plain name such as {{question}} or a "
+                f"parent node's name, or {literal}"
+            )
+
+
 class SamplingConfig(Strict):
     max_new_tokens: int = Field(64, ge=1, le=8192)
     """Longest response, in tokens."""
@@ -72,6 +94,12 @@ class AgentSpec(Strict):
     def _model_exists(cls, model: str) -> str:
         check_model_setting(model)  # raises ModelError, a ValueError, for a path that does not exist
         return model
+
+    @field_validator("prompt")
+    @classmethod
+    def _template_parses(cls, prompt: str) -> str:
+        check_template(prompt, "prompt")  # the system message is sent as written, never formatted
+        return prompt
 
     @field_validator("parser")
     @classmethod

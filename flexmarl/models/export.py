@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -69,6 +68,12 @@ def export_agent(run: RunDirectory, agent: str, out: str | os.PathLike, *, versi
     try:
         _write(run, agent, version, source, tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private; a model directory is meant to be shared and served
+        # safetensors writes its file private (0600) while config.json follows the umask: give every file
+        # config.json's mode, so that whoever may read the config may read the weights
+        mode = (tmp / "config.json").stat().st_mode & 0o777
+        for path in tmp.iterdir():
+            if path.is_file():
+                path.chmod(mode)
         if out.exists():
             out.rmdir()
         tmp.rename(out)

@@ -37,10 +37,13 @@ def draw_agent_sheet(series: AgentSeries, path: Path) -> Path:
     fig, axes = plt.subplots(rows, 2, figsize=(10, 2.1 * rows), squeeze=False)
     for row, (title, ylabel, attr, kind) in enumerate(METRICS):
         values = getattr(series, attr)
+        # one x axis for the whole sheet, the training step: the update of step s consumes that step's batch
+        # and produces policy version s + 1
         if kind == "step":
-            xs, times, xlabel = series.steps, series.step_end_s, "training step"
+            xs, times = series.steps, series.step_end_s
         else:
-            xs, times, xlabel = series.versions, series.update_s, "update (policy version produced)"
+            xs, times = [v - 1 for v in series.versions], series.update_s
+        xlabel = "training step"
         _line(axes[row][0], xs, values, title=title, xlabel=xlabel, ylabel=ylabel,
               missing=_why_missing(series, attr))
         if attr == "queue_depth" and series.queue_s:  # over time: every change, not only at the updates
@@ -56,7 +59,8 @@ def draw_agent_sheet(series: AgentSeries, path: Path) -> Path:
     if series.samples_by_version:
         left.bar(list(series.samples_by_version), list(series.samples_by_version.values()), color="#4caf50")
         left.set_xticks(list(series.samples_by_version))
-    _label(left, "samples per policy version", "policy version that generated them", "samples")
+    _label(left, "samples per policy version", "policy version that generated them (v = step, on-policy)",
+           "samples")
     if series.sample_times_s:
         right.step(series.sample_times_s, range(1, len(series.sample_times_s) + 1), where="post", color="#4caf50")
     _label(right, "samples generated", "seconds since start", "samples (cumulative)")

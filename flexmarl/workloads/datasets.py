@@ -17,7 +17,9 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from flexmarl.configbase import Strict
+from flexmarl.configbase import Strict, did_you_mean
+from flexmarl.workloads.synthetic import GENERATORS
+from flexmarl.workloads.parsers import canonical_number
 
 
 class DataError(ValueError):
@@ -41,6 +43,7 @@ HUMANEVAL = "humaneval"
 SOURCE_FIELDS = {
     "jsonl": {"question"},
     "reasoning_gym": {"question"},
+    "builtin": {"question"},  # flexmarl/workloads/synthetic.py
     # question: the function's signature and docstring (HumanEval's "prompt"); entry_point: its name
     HUMANEVAL: {"question", "entry_point"},
 }
@@ -69,9 +72,12 @@ class DataConfig(Strict):
         return self
 
     def source(self) -> str:
-        """Where the tasks come from: ``jsonl`` (``path``), ``humaneval`` or ``reasoning_gym``."""
+        """Where the tasks come from: ``jsonl`` (``path``), ``humaneval``, ``builtin`` (``synthetic.py``) or
+        ``reasoning_gym``."""
         if self.path is not None:
             return "jsonl"
+        if self.dataset in GENERATORS:
+            return "builtin"
         return HUMANEVAL if self.dataset == HUMANEVAL else "reasoning_gym"
 
     def fields(self) -> set[str]:
@@ -114,6 +120,12 @@ def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
                 ) from None
             match = GSM8K_ANSWER.search(answer.strip())
             final = match.group(1).replace(",", "") if match else answer.strip()
+            if canonical_number(final) is None:  # no reward could ever match it: refuse, not train on it
+                shown = answer.strip()[-60:]
+                raise DataError(
+                    f"{path}:{lineno}: the answer has no final number (it ends {shown!r}); end each answer with "
+                    "'#### <number>' as GSM8K does (or give the number alone), or the rewards can never score it"
+                )
             tasks.append(TaskItem(f"{path.stem}-{lineno - 1:06d}", {"question": question}, final))
             if len(tasks) >= limit:
                 break
@@ -122,20 +134,69 @@ def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
     return tasks
 
 
-def _generate(cfg: DataConfig) -> list[TaskItem]:
-    from flexmarl.workloads.synthetic import GENERATORS
+def reasoning_gym_datasets() -> dict[str, list[str]]:
+    """Every reasoning-gym dataset name, with the arguments its config takes (``size`` and ``seed`` are ours)."""
+    import dataclasses
 
-    if cfg.dataset in GENERATORS:
+    from reasoning_gym.factory import DATASETS  # imported here: slow, and only this path needs it
+
+    return {name: sorted(f.name for f in dataclasses.fields(config) if f.name not in ("size", "seed"))
+            for name, (_, config) in sorted(DATASETS.items())}
+
+
+def check_dataset(cfg: DataConfig) -> None:
+    """The dataset name and its arguments, against reasoning-gym's registry (nothing is generated).
+
+    Raises:
+        DataError: an unknown name (with the nearest and the valid ones) or an argument the dataset lacks.
+    """
+    if cfg.source() == "builtin":
+        import inspect
+
+        known_args = [n for n, p in inspect.signature(GENERATORS[cfg.dataset]).parameters.items()
+                      if p.kind is p.KEYWORD_ONLY]
+        unknown = sorted(set(cfg.dataset_args) - set(known_args))
+        if unknown:
+            raise DataError(f"data.dataset_args: {unknown} not an argument of the built-in {cfg.dataset!r} dataset"
+                            f"{did_you_mean(unknown[0], known_args)}; its arguments: {', '.join(known_args)}")
+        return
+    if cfg.source() != "reasoning_gym":
+        return
+    known = reasoning_gym_datasets()
+    if cfg.dataset not in known:
+        raise DataError(
+            f"data.dataset: unknown dataset {cfg.dataset!r}{did_you_mean(cfg.dataset, [*known, *GENERATORS])}; use "
+            f"{HUMANEVAL!r}, the built-in {', '.join(map(repr, GENERATORS))}, set data.path to a JSONL file, or one "
+            f"of reasoning-gym's: {', '.join(known)}"
+        )
+    unknown = sorted(set(cfg.dataset_args) - set(known[cfg.dataset]))
+    if unknown:
+        raise DataError(
+            f"data.dataset_args: {unknown} {'is' if len(unknown) == 1 else 'are'} not an argument of the "
+            f"{cfg.dataset!r} dataset{did_you_mean(unknown[0], known[cfg.dataset])}; its arguments: "
+            f"{', '.join(known[cfg.dataset]) or 'none'}"
+        )
+
+
+def _generate(cfg: DataConfig) -> list[TaskItem]:
+    if cfg.source() == "builtin":
+        check_dataset(cfg)
         try:
-            return GENERATORS[cfg.dataset](cfg.size, cfg.seed, **cfg.dataset_args)
-        except (ValueError, TypeError) as exc:
-            raise DataError(f"cannot create dataset {cfg.dataset!r} with {cfg.dataset_args}: {exc}") from exc
+            pairs = GENERATORS[cfg.dataset](cfg.size, cfg.seed, **cfg.dataset_args)
+        except ValueError as exc:
+            raise DataError(f"data.dataset_args: {exc}") from None
+        return [TaskItem(f"{cfg.dataset}-{i:06d}", {"question": q}, a) for i, (q, a) in enumerate(pairs)]
     import reasoning_gym  # imported here: it is slow to import and only this path needs it
 
+    check_dataset(cfg)
     try:
         ds = reasoning_gym.create_dataset(cfg.dataset, size=cfg.size, seed=cfg.seed, **cfg.dataset_args)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise DataError(f"cannot create reasoning-gym dataset {cfg.dataset!r} with {cfg.dataset_args}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - its configs check values with assert, and raise any type
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise DataError(
+            f"data.dataset_args: reasoning-gym refuses {cfg.dataset!r} with {cfg.dataset_args} ({reason}); change "
+            f"those arguments (its arguments: {', '.join(reasoning_gym_datasets()[cfg.dataset]) or 'none'})"
+        ) from None
     return [
         TaskItem(f"{cfg.dataset}-{i:06d}", {"question": item["question"]}, str(item["answer"]))
         for i, item in enumerate(ds)

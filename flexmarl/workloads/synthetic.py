@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import random
 
-from flexmarl.workloads.datasets import TaskItem
 
-
-def copy_digits(size: int, seed: int, *, digits: int = 1, repeat: int = 1) -> list[TaskItem]:
+def copy_digits(size: int, seed: int, *, digits: int = 1, repeat: int = 1) -> list[tuple[str, str]]:
     """``size`` tasks whose answer is a random string of ``digits`` digits and whose question is that string
-    written ``repeat`` times (``"777"`` for ``7`` at ``repeat=3``). Every block of ten tasks starts with each
-    digit once.
+    written ``repeat`` times (``"777"`` for ``7`` at ``repeat=3``), as (question, answer) pairs. Every block of
+    ten tasks starts with each digit once.
 
     Repeating the input makes it a larger share of the prompt, so a freshly initialised model, whose attention
     is still spread evenly over the prompt, already carries it to the position that writes the answer.
@@ -23,12 +21,12 @@ def copy_digits(size: int, seed: int, *, digits: int = 1, repeat: int = 1) -> li
     if digits < 1 or repeat < 1:
         raise ValueError(f"copy_digits: digits and repeat must be at least 1, got {digits} and {repeat}")
     rng = random.Random(seed)
-    tasks: list[TaskItem] = []
+    tasks: list[tuple[str, str]] = []
     while len(tasks) < size:
         # each block of ten tasks starts with each digit once: ten tasks ask every digit, so none is favoured
         for first in rng.sample("0123456789", 10)[: size - len(tasks)]:
             text = first + "".join(rng.choice("0123456789") for _ in range(digits - 1))
-            tasks.append(TaskItem(f"copy_digits-{len(tasks):06d}", {"question": text * repeat}, text))
+            tasks.append((text * repeat, text))
     return tasks
 
 

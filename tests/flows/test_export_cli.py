@@ -20,6 +20,9 @@ def test_an_exported_agent_loads_with_transformers_and_generates(tiny_run, tmp_p
     assert res.exit_code == 0, res.output
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
             "flexmarl_agent.json"} <= {p.name for p in out.iterdir()}
+    # the weights are as readable as the config (safetensors alone writes its file 0600)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        p.name: (out / "config.json").stat().st_mode & 0o777 for p in out.iterdir()}
 
     model = AutoModelForCausalLM.from_pretrained(out)
     trained = AutoModelForCausalLM.from_pretrained(tiny_run.run_dir / "checkpoints" / "solver" / "v2")

@@ -90,6 +90,29 @@ def test_a_corrupted_log_names_the_table_and_the_version(store: ExperienceStore,
     assert "missing-parent" not in found  # an unread table does not make its children's parents look missing
 
 
+def test_a_missing_commit_is_named_not_the_one_after_it(store: ExperienceStore, make_rows) -> None:
+    healthy(store, make_rows)
+    log = Path(store.table_uri("samples/solver")) / "_delta_log"
+    (log / f"{1:020d}.json").unlink()  # delta-rs itself names the commit before the gap, and its whole path
+    (bad,) = checks(verify_store(store))["unreadable"]
+    assert bad.table == "samples/solver"
+    assert "missing commit 1 (00000000000000000001.json" in bad.detail and "restore that commit file" in bad.detail
+    assert "\n" not in bad.detail and len(bad.detail) < 300  # one line, no Rust struct dump
+
+
+def test_a_damaged_log_is_one_line_wherever_the_table_is_opened(store: ExperienceStore, make_rows) -> None:
+    from storage.store import StoreError
+
+    healthy(store, make_rows)
+    (Path(store.table_uri("updates")) / "_delta_log" / f"{1:020d}.json").unlink()
+    try:
+        store.read("updates")
+    except StoreError as exc:  # a project error the CLI prints, not a raw DeltaError
+        assert str(exc).startswith("updates: the Delta log is missing commit 1")
+    else:
+        raise AssertionError("reading a table with a missing commit succeeded")
+
+
 def test_a_missing_data_file_is_reported(store: ExperienceStore, make_rows) -> None:
     healthy(store, make_rows)
     next(Path(store.table_uri("samples/verifier")).glob("*.parquet")).unlink()

@@ -1,0 +1,120 @@
+"""What can be checked before a run starts anything: ``flexmarl validate`` and ``flexmarl train`` run the same code.
+
+Config validation (``load_config``) sees only the config. These checks read what it names, without writing
+anything: each model's files (a GGUF or safetensors header that does not parse, a tokenizer larger than its
+model), the data (a reasoning-gym dataset and its arguments, every line of a JSONL file and its final answer,
+HumanEval), and whether the run directory and a local store could be created. A run that passes them
+should fail later only for reasons no check could see (a worker dies, a disk fills up).
+
+Example:
+    >>> cfg = load_config(preset="tiny")
+    >>> check_inputs(cfg)          # raises ModelError or DataError naming the problem and the fix
+    >>> check_run_location(cfg, "runs/new")
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from flexmarl.config import RunConfig, dump_config
+from flexmarl.models.loading import BUILTIN_MODELS, ModelError, check_model_dir, resolve_model
+from flexmarl.workloads.datasets import load_tasks
+
+GGUF_MAGIC = b"GGUF"
+
+
+class RunLocationError(RuntimeError):
+    """The run directory or the store could not be created or written; the message names the path and the fix."""
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """Every model and the data the config names can be read. Builds or converts each model once (cached).
+
+    Raises:
+        ModelError: a model file whose header does not parse, or a tokenizer that does not fit its model
+            (the agent named).
+        DataError: an unknown dataset or argument (valid ones listed), a JSONL line that does not parse or whose
+            answer has no final number (file and line named), an empty file.
+    """
+    key = dump_config(cfg)
+    if key in _passed:  # `flexmarl train` checked, then its flow checks again in the same process
+        return
+    for name, agent in cfg.agents.items():
+        try:
+            check_model_files(agent.model)
+            check_model_dir(resolve_model(agent.model, seed=cfg.train.seed))
+        except ModelError as exc:
+            raise ModelError(f"agents.{name}.model: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - transformers raises many types for a damaged model directory
+            raise ModelError(
+                f"agents.{name}.model: {agent.model!r} cannot be read as a model ({type(exc).__name__}: "
+                f"{_first_line(exc)}); give a Hugging Face model directory written by save_pretrained, or a .gguf file"
+            ) from None
+    load_tasks(cfg.data)
+    _passed.add(key)
+
+
+_passed: set[str] = set()  # configs (as YAML) whose inputs passed in this process
+
+
+def check_model_files(model: str) -> None:
+    """A .gguf file starts with the GGUF magic, and every safetensors file of a model directory has a header
+    that parses: a copied or truncated file fails here, not deep inside transformers once the cluster runs."""
+    if model in BUILTIN_MODELS:
+        return
+    path = Path(model).expanduser()
+    if path.is_file():
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+        if magic != GGUF_MAGIC:
+            raise ModelError(
+                f"model file {model!r} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); give a "
+                "complete .gguf file (llama.cpp's format) or a Hugging Face model directory"
+            )
+        return
+    from safetensors import safe_open  # reads the header only
+
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt") as fh:
+                fh.keys()
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type, and OSError
+            raise ModelError(
+                f"model weights {weights} do not parse as safetensors ({_first_line(exc)}): the file is damaged "
+                "or incomplete; copy it again, or write the model again with save_pretrained"
+            ) from None
+
+
+def check_run_location(cfg: RunConfig, run_dir: str | Path) -> None:
+    """The run directory and a local store can be created and written, checked without creating either.
+
+    Raises:
+        RunLocationError: a file in the way, no permission, a read-only disk (path and fix named).
+    """
+    run_path = Path(run_dir).resolve()
+    _check_creatable(run_path, "the run directory", "choose another --run-dir")
+    store_uri = cfg.store.uri or str(run_path / "store")
+    if "://" not in store_uri or store_uri.startswith("file://"):
+        _check_creatable(Path(store_uri.removeprefix("file://")).resolve(), "the store",
+                         "set store.uri to a writable directory (or leave it null: RUN_DIR/store)")
+
+
+def _check_creatable(path: Path, what: str, fix: str) -> None:
+    """``path`` is a writable directory, or could be made one: its nearest existing ancestor is a writable
+    directory. Only a probe file is written (and removed), in a directory that exists already."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, os.strerror(20))
+        with tempfile.TemporaryFile(dir=existing, prefix=".flexmarl-write-check-"):
+            pass
+    except OSError as exc:
+        raise RunLocationError(f"cannot write {what} {path}: {exc.strerror or exc}; {fix}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,26 @@
+"""The run-time estimate printed before a run starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from flexmarl.config import load_config
+from flexmarl.estimate import describe_estimate, estimate_run_s, prompt_tokens
+
+
+def test_the_estimate_grows_with_steps_samples_and_tokens() -> None:
+    base = load_config(preset="tiny", overrides=["train.steps=10"])
+    seconds = estimate_run_s(base)
+    assert seconds is not None and seconds > 0
+    assert estimate_run_s(load_config(preset="tiny", overrides=["train.steps=20"])) == pytest.approx(2 * seconds)
+    assert estimate_run_s(load_config(preset="tiny", overrides=["train.steps=10", "train.group_size=8"])) > seconds
+    assert estimate_run_s(load_config(preset="tiny", overrides=["train.steps=10", "cluster.n_workers=4"])) < seconds
+    # the verifier's prompt holds the solver's answer: longer than the solver's own
+    assert prompt_tokens(base, "verifier") > prompt_tokens(base, "solver")
+    assert describe_estimate(base).startswith("10 steps per agent: about ")
+
+
+def test_a_model_without_measured_costs_gets_no_estimate(tmp_path, tiny_dir) -> None:
+    cfg = load_config(preset="tiny", overrides=[f"agents.solver.model={tiny_dir}"])
+    assert estimate_run_s(cfg) is None
+    assert "no time estimate" in describe_estimate(cfg)

@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from flexmarl.config import ConfigError, RunConfig, load_config
 from flexmarl.models.loading import ModelError, load_tokenizer, resolve_model
-from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import CONFIG_FILE
 from flexmarl.report.timeline_file import TIMELINE_FILE, read_timeline
 from storage.store import ExperienceStore

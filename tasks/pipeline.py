@@ -3,7 +3,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime
 
 

@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.pipeline import PipelineResult, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, UpdateEvent
 from flexmarl.orchestrator.report import build_report
 from flexmarl.orchestrator.runtime import RunContext
 from flexmarl.report.series import load_series

@@ -194,7 +194,7 @@ def commit(store, cfg, episodes, seq: int) -> None:
 def reward_raises_and_output_unparsed(tmp_path: Path, monkeypatch, caplog) -> str:
     """A reward that raises on one episode, and an output that does not parse: the run records, counts, goes on."""
     from flexmarl.config import load_config
-    from flexmarl.orchestrator.pipeline import PipelineResult
+    from flexmarl.orchestrator.records import PipelineResult
     from flexmarl.orchestrator.report import build_report
     from flexmarl.orchestrator.runtime import RunContext
     from flexmarl.workloads import registry

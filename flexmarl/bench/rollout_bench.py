@@ -26,7 +26,7 @@ from flexmarl.bench.backend_bench import compare_backends  # noqa: E402
 from flexmarl.bench.timeline import draw_timeline  # noqa: E402
 from flexmarl.cluster.local import open_cluster  # noqa: E402
 from flexmarl.config import load_config  # noqa: E402
-from flexmarl.orchestrator.pipeline import PipelineResult  # noqa: E402
+from flexmarl.orchestrator.records import PipelineResult  # noqa: E402
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run  # noqa: E402
 
 # The fan_out preset, skewed harder: the solver's three calls carry nearly all the tokens, and the aggregator

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: benchmarks run headless
 import matplotlib.pyplot as plt  # noqa: E402
 
-from flexmarl.orchestrator.pipeline import PipelineResult  # noqa: E402
+from flexmarl.orchestrator.records import PipelineResult  # noqa: E402
 
 COLOURS = {"rollout": "#4caf50", "train": "#ff9800", "swap": "#e91e63", "sync": "#9e9e9e"}
 

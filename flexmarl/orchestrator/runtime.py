@@ -28,7 +28,8 @@ from flexmarl.cluster.local import connect, place, submit_on, workers_offering
 from flexmarl.cluster.worker_state import release
 from flexmarl.config import ConfigError, RunConfig, dump_config, load_config
 from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
-from flexmarl.orchestrator.pipeline import PipelineResult, PipelineRunner, UpdateEvent
+from flexmarl.orchestrator.pipeline import PipelineRunner
+from flexmarl.orchestrator.records import PipelineResult, UpdateEvent
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
 from flexmarl.training import slot, snapshots

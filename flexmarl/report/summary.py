@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 
 from flexmarl.config import dump_config
-from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.report.series import AgentSeries
 from flexmarl.run_directory import RunDirectory
 

@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from flexmarl.orchestrator.pipeline import PipelineResult, Span, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, Span, UpdateEvent
 from flexmarl.rollout.balancer import Move
 
 TIMELINE_FILE = "timeline.json"

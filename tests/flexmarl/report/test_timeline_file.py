@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.orchestrator.pipeline import PipelineResult, Span, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, Span, UpdateEvent
 from flexmarl.rollout.balancer import Move
 from flexmarl.report.timeline_file import read_timeline, write_timeline
 

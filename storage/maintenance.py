@@ -30,7 +30,8 @@ from storage.store import ExperienceStore, StoreError, commit_retries
 
 COMPACTION_LEASE = "flexmarl:compaction"
 # Row groups of compacted files: a reader of one micro-batch then decodes about this many rows per file
-# (the row-group statistics skip the others), not the whole file. 1,024 halves ready() on a compacted table.
+# (the row-group statistics skip the others), not the whole file. 1,024 halved a
+# micro-batch read (the consumption-aware ``ready()`` of the time) on a compacted table.
 COMPACTED_ROW_GROUP_ROWS = 1024
 # A lease older than this is taken to belong to a dead compactor and may be taken over.
 LEASE_TTL_S = 30 * 60

@@ -5,7 +5,8 @@ Every append is idempotent: the caller names the logical writer (``app_id``) and
 commit whose sequence number was already recorded. A retried or re-run task therefore never writes a row
 twice. Readers pin a Delta version, so every stage sees one consistent snapshot.
 
-Training reads with ``ready()``: the next micro-batch of rewarded samples that no update has consumed yet.
+A trainer reads its micro-batch with ``read_micro_batch``: the committed sample ids the driver hands it, at the
+Delta version it committed them in. Workers open the store from a ``StoreSpec`` (root and storage options).
 Maintenance (compaction, checkpoints, vacuum) lives under ``store.maintenance``; an append that leaves a
 table with many small files compacts it (``compact_after_files``).
 
@@ -13,7 +14,7 @@ Example:
     >>> store = ExperienceStore("runs/demo/store")
     >>> store.create(["solver", "verifier"])
     >>> store.append_samples("solver", rows, app_id="rollout:solver", seq=1)
-    >>> batch, version = store.ready("solver", policy_version=0, n=64)
+    >>> batch = store.read_micro_batch("solver", ["s0q0_0_0", "s0q0_0_1"], version=commit.version)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,11 +61,16 @@ class Commit:
     skipped: bool  # True when this (app_id, seq) was already committed
 
 
-class ReadyBatch(NamedTuple):
-    """A micro-batch from ``ExperienceStore.ready``: the rows and the Delta version they were read at."""
+@dataclass(frozen=True)
+class StoreSpec:
+    """Where a store is and how to reach it: what a worker needs to open it. Plain strings, so it pickles
+    into a Dask task; the storage options (object-store credentials) travel with the root."""
 
-    rows: pa.Table
-    version: int
+    root: str
+    storage_options: dict[str, str] | None = None
+
+    def open(self) -> ExperienceStore:
+        return ExperienceStore(self.root, storage_options=self.storage_options)
 
 
 def now() -> datetime:
@@ -111,6 +117,10 @@ class ExperienceStore:
         self.max_commit_attempts = max_commit_attempts
         self.compact_after_files = compact_after_files
         self.checkpoint_interval = checkpoint_interval
+
+    @property
+    def spec(self) -> StoreSpec:
+        return StoreSpec(self.root, self.storage_options)
 
     @classmethod
     def from_config(cls, uri: str | os.PathLike, cfg: StoreConfig) -> ExperienceStore:
@@ -325,51 +335,12 @@ class ExperienceStore:
             return pa.array([], pa.string())
         return pc.list_flatten(updates["consumed_ids"]).combine_chunks()
 
-    def ready(
-        self, agent: str, policy_version: int, n: int, *, version: int | None = None, after: str | None = None
-    ) -> ReadyBatch:
-        """The next micro-batch for training: up to ``n`` rewarded, committed samples of ``policy_version``
-        that no recorded update of ``agent`` has consumed, in ``sample_id`` order.
-
-        The sample table is read at one pinned Delta version (``version``, or the latest), returned with the
-        rows so that the caller can record what it read. Consumption is read from the latest updates table, so
-        a sample that an update has consumed is never handed out again. Consumption is recorded only at the
-        optimizer step; to page through the micro-batches of one global batch before that, pass the last
-        ``sample_id`` of the previous page as ``after``.
-
-        Args:
-            agent: whose samples.
-            policy_version: the weights that generated them.
-            n: at most this many rows.
-            version: Delta version of the agent's sample table (default: latest).
-            after: only sample ids greater than this one (keyset paging).
-
-        Returns:
-            ``ReadyBatch(rows, version)``; ``rows`` has at most ``n`` rows, sorted by ``sample_id``.
-
-        Example:
-            >>> page, pinned = store.ready("solver", 0, 64)
-            >>> nxt, _ = store.ready("solver", 0, 64, version=pinned, after=page["sample_id"][-1].as_py())
-        """
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        dt = self.open(self.samples_table(agent), version=version)
-        # Filters are pushed down: file statistics drop files of other policy versions before the scan.
-        flt = (pc.field("policy_version") == policy_version) & (pc.field("status") == SampleStatus.REWARDED.value)
-        if after is not None:
-            flt &= pc.field("sample_id") > after
-        consumed = self.consumed_ids(agent, newer_than=policy_version)  # older updates cannot have used them
-        if len(consumed):
-            flt &= ~pc.field("sample_id").isin(consumed)
-        dataset = self.dataset(self.samples_table(agent), dt=dt, prune=[("policy_version", "=", policy_version)])
-        # Choose the ids from the id column alone, then read the payload columns of those rows only.
-        ids = dataset.to_table(columns=["sample_id"], filter=flt)
-        if ids.num_rows == 0:
-            return ReadyBatch(dataset.schema.empty_table(), dt.version())
-        if ids.num_rows > n:
-            ids = ids.take(pc.select_k_unstable(ids, k=n, sort_keys=[("sample_id", "ascending")]))
-        rows = dataset.to_table(filter=flt & pc.field("sample_id").isin(ids["sample_id"]))
-        return ReadyBatch(rows.sort_by("sample_id"), dt.version())
+    def read_micro_batch(self, agent: str, sample_ids: Sequence[str], *, version: int) -> pa.Table:
+        """The training read: the agent's samples ``sample_ids`` at Delta version ``version`` (where the driver
+        committed them), sorted by ``sample_id``. The id filter is pushed down, so file statistics skip the
+        files that hold none of them."""
+        wanted = pc.field("sample_id").isin(pa.array(list(sample_ids), pa.string()))
+        return self.read(self.samples_table(agent), version=version, filter=wanted).sort_by("sample_id")
 
     def policy_version(self, agent: str) -> int:
         """The agent's latest recorded policy version (0 before its first update)."""

@@ -288,7 +288,7 @@ class PipelineRunner:
             return replica_fns.generate, (key, requests)
         if isinstance(task, Train):
             version, ids = task.batch.data
-            return slot.accumulate, (key, self.store.root, version, ids, task.batch.step)
+            return slot.accumulate, (key, self.store.spec, version, ids, task.batch.step)
         if isinstance(task, Finish):
             return slot.finish_step, (key,)
         if isinstance(task, Snapshot):

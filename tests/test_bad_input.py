@@ -408,6 +408,10 @@ CASES = [
          f"{CONFIG}::test_wrong_type_names_the_field"),
     Case("out-of-range", lambda t: config_error(t, overrides=("training.lr=-1",)),
          (r"training.lr: Input should be greater than 0 \(got -1\)",)),
+    Case("partial-group-micro-batch", lambda t: config_error(t, overrides=("training.micro_batch_size=6",)),
+         (r"training.micro_batch_size=6 is not a whole number of GRPO groups of agent 'solver': one query gives it "
+          r"4 samples \(train.group_size=4 x 1 node\(s\)\)", r"use 4 \(or another multiple of 4\), or set "
+          r"agents.solver.training.micro_batch_size")),
     Case("cyclic-graph",
          lambda t: config_error(t, with_change(lambda r: r["graph"]["edges"].append(["verifier", "solver"]))),
          (r"cycle \((solver -> verifier -> solver|verifier -> solver -> verifier)\)",

@@ -54,7 +54,8 @@ class TrainerConfig(Strict):
     clip_eps: float = Field(0.2, gt=0)
     """PPO clip range of the probability ratio."""
     micro_batch_size: int = Field(4, ge=1)
-    """Samples per forward/backward; gradients accumulate over the agent's global batch."""
+    """Samples per forward/backward; gradients accumulate over the agent's global batch. Whole GRPO groups:
+    a multiple of ``train.group_size`` times the agent's nodes (validation names the value to use)."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Gradient clipping norm; null turns clipping off."""
     is_cap: float = Field(2.0, gt=0)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flexmarl.bench.timeline import draw_timeline
+from flexmarl.report.timeline import draw_timeline
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, load_config

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flexmarl.orchestrator.records import PipelineResult
-from flexmarl.run_directory import RunDirectory
+from flexmarl.run.directory import RunDirectory
 from storage.store import UPDATES
 
 

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from storage.store import ExperienceStore, StoreError, commit_retries
+from storage.tables import StoreError, Tables, commit_retries
 
 COMPACTION_LEASE = "flexmarl:compaction"
 # Row groups of compacted files: a reader of one micro-batch then decodes about this many rows per file
@@ -60,7 +60,7 @@ class StoreMaintenance:
         max_commit_attempts: our retries of a compaction commit (with jittered backoff) on top of deltalake's.
     """
 
-    def __init__(self, store: ExperienceStore, *, max_commit_attempts: int = 5) -> None:
+    def __init__(self, store: Tables, *, max_commit_attempts: int = 5) -> None:
         self.store = store
         self.max_commit_attempts = max_commit_attempts
 

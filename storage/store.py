@@ -31,25 +31,21 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from storage.config import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_COMPACT_AFTER_FILES
+from storage.maintenance import StoreMaintenance
 from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, UPDATE_SCHEMA, SampleStatus
+from storage.tables import StoreError, commit_retries, error_summary  # noqa: F401 - the store's own errors
 
 if TYPE_CHECKING:
     from storage.config import StoreConfig
-    from storage.maintenance import StoreMaintenance
 
 log = logging.getLogger(__name__)
 
 SAMPLES_DIR = "samples"
 EPISODES = "episodes"
 UPDATES = "updates"
-
-
-class StoreError(RuntimeError):
-    """A store operation failed; the message names the table and what to do."""
 
 
 @dataclass(frozen=True)
@@ -75,16 +71,6 @@ class StoreSpec:
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def commit_retries(attempts: int, *, multiplier: float, max_wait: float) -> Retrying:
-    """Retry a Delta commit that lost a conflict, with jittered exponential backoff, on top of deltalake's own."""
-    return Retrying(
-        retry=retry_if_exception_type(CommitFailedError),
-        wait=wait_random_exponential(multiplier=multiplier, max=max_wait),
-        stop=stop_after_attempt(attempts),
-        reraise=True,
-    )
 
 
 class ExperienceStore:
@@ -135,8 +121,6 @@ class ExperienceStore:
     @property
     def maintenance(self) -> StoreMaintenance:
         """Compaction, checkpoints and vacuum of this store's tables (see ``storage.maintenance``)."""
-        from storage.maintenance import StoreMaintenance  # imported here: maintenance imports this module
-
         return StoreMaintenance(self)
 
     # ---------------------------------------------------------------- table names and creation
@@ -384,8 +368,3 @@ class ExperienceStore:
                 "by_version": {str(c["values"]): c["counts"] for c in sorted(counts, key=lambda c: c["values"])},
             }
         return {"root": self.root, "tables": tables, "agents": agents}
-
-
-def error_summary(exc: BaseException) -> str:
-    """An error's first line: deltalake appends a native backtrace to its messages."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -263,6 +263,7 @@ class PipelineRunner:
                 fire_and_forget(submit_on(self.client, cmd.worker, fn, self.key(cmd.agent),
                                           priority=TaskKind.PREFETCH.priority))
             elif isinstance(cmd, Cancel):
+                self.prompts.pop(id(cmd.task), None)
                 fut = self._forget(cmd.task)
                 if fut is not None:
                     fut.cancel()

@@ -286,6 +286,7 @@ class Scheduler(TrainingDispatch):
                 items = tuple(waiting[eligible[c]] for c in chosen)
                 for c in sorted((eligible[c] for c in chosen), reverse=True):
                     del waiting[c]
+                self.changed[agent] += 1  # its queue shrank: what ``runnable`` counted is out of date
                 rep.busy = True
                 tokens = len(items) * shape.max_new_tokens
                 self.outstanding_tokens[rep.worker] += tokens

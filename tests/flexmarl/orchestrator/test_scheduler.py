@@ -128,3 +128,16 @@ def test_the_balancer_counts_only_requests_that_could_run_now(scheduler, script)
     s.carry_out()
     waiting = len(s.s.waiting["planner"])
     assert waiting >= 8 and s.s.runnable("planner") == 0
+
+
+def test_the_balancers_count_follows_the_queue_as_batches_leave_it(scheduler, script) -> None:
+    s = script(scheduler("flexmarl", steps=2, batch_limit=2, per_worker=1, balance=True))
+    for _ in range(50):
+        s.turn()
+        for agent in s.s.agents:
+            cached = s.s.runnable(agent)
+            s.s._runnable.clear()  # what it would count afresh
+            assert cached == s.s.runnable(agent), agent
+        if not s.running:
+            break
+        s.finish(s.running[0])

@@ -69,6 +69,25 @@ class RunConfig(MEGSpec):
                 raise ValueError(f"agents.{agent}.training: {problems}") from None
         return self
 
+    @model_validator(mode="after")
+    def _check_micro_batches(self) -> RunConfig:
+        # A micro-batch holds whole GRPO groups (advantages are normalised within one): refuse a size the
+        # pipeline would otherwise round, so that ``micro_batch_size`` means what it says (as TRL refuses
+        # partial groups per generation batch).
+        for agent in self.agents:
+            per_query = self.train.group_size * len(self.nodes_of(agent))
+            size = self.trainer_config(agent).micro_batch_size
+            if size % per_query:
+                use = max(per_query, size // per_query * per_query)
+                where = ("agents.{a}.training.micro_batch_size" if "micro_batch_size" in self.agents[agent].training
+                         else "training.micro_batch_size").format(a=agent)
+                other = "" if where.startswith("agents.") else f", or set agents.{agent}.training.micro_batch_size"
+                raise ValueError(
+                    f"{where}={size} is not a whole number of GRPO groups of agent {agent!r}: one query gives it "
+                    f"{per_query} samples (train.group_size={self.train.group_size} x {len(self.nodes_of(agent))} "
+                    f"node(s)); use {use} (or another multiple of {per_query}){other}")
+        return self
+
     def trainer_config(self, agent: str) -> TrainerConfig:
         """The agent's trainer settings: ``training`` with the agent's own ``training`` overrides."""
         overrides = self.agents[agent].training

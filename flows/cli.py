@@ -138,7 +138,7 @@ def train(
     for line in failure_lines(report):
         console.print(f"[yellow]warning:[/] {line}", highlight=False)
     from flexmarl.report.write import write_report
-    from flexmarl.run_directory import RunDirectory
+    from flexmarl.run.directory import RunDirectory
 
     done = Path(report["run_dir"])
     files = write_report(RunDirectory(done), done / "report")

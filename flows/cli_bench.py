@@ -99,7 +99,7 @@ def bench_store(
     rows_per_commit: Annotated[int, typer.Option(min=1, help="Rows per micro-batch.")] = 64,
     compact_after_files: Annotated[int, typer.Option(min=1, help="Threshold of the compacting store.")] = 200,
 ) -> None:
-    """Append and ready() latency of the experience store, with and without automatic compaction."""
+    """Append and micro-batch read latency of the experience store, with and without automatic compaction."""
     from flexmarl.bench.store_bench import run_store_bench
 
     out.mkdir(parents=True, exist_ok=True)
@@ -108,10 +108,10 @@ def bench_store(
     path = out / "bench_store.json"
     path.write_text(json.dumps(report, indent=2))
     table = Table(title=f"store: {commits} commits of {rows_per_commit} rows")
-    for col in ("store", "append p50 ms", "append p99 ms", "rows/s", "ready p50 ms", "ready p99 ms", "files"):
+    for col in ("store", "append p50 ms", "append p99 ms", "rows/s", "read p50 ms", "read p99 ms", "files"):
         table.add_column(col)
     for name, a in report["append"].items():
-        r = report["ready"][name]["latency"]
+        r = report["read"][name]["latency"]
         table.add_row(name, str(a["latency"]["p50_ms"]), str(a["latency"]["p99_ms"]), str(a["rows_per_s"]),
                       str(r["p50_ms"]), str(r["p99_ms"]), str(a["final_files"]))
     console.print(table)

@@ -18,7 +18,7 @@ def report_command(
 ) -> None:
     """Per-agent pictures, the worker timeline, report.md and report.html of a run."""
     from flexmarl.report.write import write_report
-    from flexmarl.run_directory import RunDirectory, RunDirectoryError
+    from flexmarl.run.directory import RunDirectory, RunDirectoryError
     from storage.store import StoreError
 
     try:
@@ -37,8 +37,8 @@ def export_command(
     version: Annotated[Optional[int], typer.Option(help="Policy version (default: the latest checkpoint).")] = None,
 ) -> None:
     """Write an agent's checkpoint as a Hugging Face model directory (transformers and vLLM load it)."""
-    from flexmarl.models.export import export_agent
-    from flexmarl.run_directory import RunDirectory, RunDirectoryError
+    from flexmarl.run.export import export_agent
+    from flexmarl.run.directory import RunDirectory, RunDirectoryError
 
     try:
         done = export_agent(RunDirectory(run_dir), agent, out, version=version)

@@ -133,7 +133,7 @@ def store_query(
 ) -> None:
     """Samples with their prompt and response decoded to text: an agent's (filtered), or one episode's."""
     from flexmarl.report.transcripts import decode_samples
-    from flexmarl.run_directory import RunDirectory, RunDirectoryError
+    from flexmarl.run.directory import RunDirectory, RunDirectoryError
     from storage.predicate import PredicateError
     from storage.query import episode_record, episode_samples, query_samples
     from storage.store import StoreError

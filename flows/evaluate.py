@@ -13,7 +13,7 @@ from prefect.artifacts import create_table_artifact
 from flexmarl.config import load_config
 from flexmarl.evaluate import held_out_tasks, latest_checkpoint
 from flexmarl.models.loading import resolve_model
-from flexmarl.orchestrator.runtime import CONFIG_FILE
+from flexmarl.run.layout import CONFIG_FILE
 from tasks.evaluate import evaluate
 
 

@@ -16,7 +16,8 @@ from tasks.maintenance import maintain_table
 
 
 @flow(name="flexmarl-maintain-store", log_prints=True)
-def maintain_store(store_uri: str, vacuum_retention_hours: float = 168, table_timeout_s: float = 3600) -> list[dict]:
+def maintain_store(store_uri: str, vacuum_retention_hours: float = 168, table_timeout_s: float = 3600,
+                   storage_options: dict[str, str] | None = None) -> list[dict]:
     """Compact, checkpoint and vacuum every table of the store at ``store_uri``.
 
     Args:
@@ -25,15 +26,17 @@ def maintain_store(store_uri: str, vacuum_retention_hours: float = 168, table_ti
             versions fail afterwards; the default (one week) is also deltalake's minimum.
         table_timeout_s: the flow fails, naming the table, when one table's maintenance (retries included)
             takes longer.
+        storage_options: deltalake's options for an object store (credentials, endpoint), as the run's
+            ``store.storage_options``.
 
     Returns:
         One row of metrics per table (also published as the ``store-maintenance`` table artifact).
     """
     logger = get_run_logger()
-    store = ExperienceStore(store_uri)
+    store = ExperienceStore(store_uri, storage_options=storage_options)
     store.version(UPDATES)  # fails at once, naming the problem, when store_uri is not a store
     tables = store.tables()
-    futures = [maintain_table.submit(store_uri, table, vacuum_retention_hours) for table in tables]
+    futures = [maintain_table.submit(store.spec, table, vacuum_retention_hours) for table in tables]
     rows = [wait_for(f, f"maintenance of table {t!r}", table_timeout_s, "the table_timeout_s parameter")
             for t, f in zip(tables, futures, strict=True)]
     create_table_artifact(rows, key="store-maintenance", description=f"Maintenance of the store {store_uri}")

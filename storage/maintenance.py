@@ -26,11 +26,12 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from storage.store import ExperienceStore, StoreError, commit_retries
+from storage.tables import StoreError, Tables, commit_retries
 
 COMPACTION_LEASE = "flexmarl:compaction"
 # Row groups of compacted files: a reader of one micro-batch then decodes about this many rows per file
-# (the row-group statistics skip the others), not the whole file. 1,024 halves ready() on a compacted table.
+# (the row-group statistics skip the others), not the whole file. 1,024 halved a
+# micro-batch read (the consumption-aware ``ready()`` of the time) on a compacted table.
 COMPACTED_ROW_GROUP_ROWS = 1024
 # A lease older than this is taken to belong to a dead compactor and may be taken over.
 LEASE_TTL_S = 30 * 60
@@ -59,7 +60,7 @@ class StoreMaintenance:
         max_commit_attempts: our retries of a compaction commit (with jittered backoff) on top of deltalake's.
     """
 
-    def __init__(self, store: ExperienceStore, *, max_commit_attempts: int = 5) -> None:
+    def __init__(self, store: Tables, *, max_commit_attempts: int = 5) -> None:
         self.store = store
         self.max_commit_attempts = max_commit_attempts
 

@@ -5,7 +5,8 @@ Every append is idempotent: the caller names the logical writer (``app_id``) and
 commit whose sequence number was already recorded. A retried or re-run task therefore never writes a row
 twice. Readers pin a Delta version, so every stage sees one consistent snapshot.
 
-Training reads with ``ready()``: the next micro-batch of rewarded samples that no update has consumed yet.
+A trainer reads its micro-batch with ``read_micro_batch``: the committed sample ids the driver hands it, at the
+Delta version it committed them in. Workers open the store from a ``StoreSpec`` (root and storage options).
 Maintenance (compaction, checkpoints, vacuum) lives under ``store.maintenance``; an append that leaves a
 table with many small files compacts it (``compact_after_files``).
 
@@ -13,7 +14,7 @@ Example:
     >>> store = ExperienceStore("runs/demo/store")
     >>> store.create(["solver", "verifier"])
     >>> store.append_samples("solver", rows, app_id="rollout:solver", seq=1)
-    >>> batch, version = store.ready("solver", policy_version=0, n=64)
+    >>> batch = store.read_micro_batch("solver", ["s0q0_0_0", "s0q0_0_1"], version=commit.version)
 """
 
 from __future__ import annotations
@@ -23,32 +24,30 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from storage.config import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_COMPACT_AFTER_FILES
+from storage.maintenance import StoreMaintenance
 from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, UPDATE_SCHEMA, SampleStatus
+from storage.tables import (  # noqa: F401 - the store's own errors, importable from here
+    StoreError, TableLoadError, commit_retries, describe_delta_error, error_summary, first_unloadable_version,
+)
 
 if TYPE_CHECKING:
     from storage.config import StoreConfig
-    from storage.maintenance import StoreMaintenance
 
 log = logging.getLogger(__name__)
 
 SAMPLES_DIR = "samples"
 EPISODES = "episodes"
 UPDATES = "updates"
-
-
-class StoreError(RuntimeError):
-    """A store operation failed; the message names the table and what to do."""
 
 
 @dataclass(frozen=True)
@@ -60,25 +59,20 @@ class Commit:
     skipped: bool  # True when this (app_id, seq) was already committed
 
 
-class ReadyBatch(NamedTuple):
-    """A micro-batch from ``ExperienceStore.ready``: the rows and the Delta version they were read at."""
+@dataclass(frozen=True)
+class StoreSpec:
+    """Where a store is and how to reach it: what a worker needs to open it. Plain strings, so it pickles
+    into a Dask task; the storage options (object-store credentials) travel with the root."""
 
-    rows: pa.Table
-    version: int
+    root: str
+    storage_options: dict[str, str] | None = None
+
+    def open(self) -> ExperienceStore:
+        return ExperienceStore(self.root, storage_options=self.storage_options)
 
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def commit_retries(attempts: int, *, multiplier: float, max_wait: float) -> Retrying:
-    """Retry a Delta commit that lost a conflict, with jittered exponential backoff, on top of deltalake's own."""
-    return Retrying(
-        retry=retry_if_exception_type(CommitFailedError),
-        wait=wait_random_exponential(multiplier=multiplier, max=max_wait),
-        stop=stop_after_attempt(attempts),
-        reraise=True,
-    )
 
 
 class ExperienceStore:
@@ -112,6 +106,10 @@ class ExperienceStore:
         self.compact_after_files = compact_after_files
         self.checkpoint_interval = checkpoint_interval
 
+    @property
+    def spec(self) -> StoreSpec:
+        return StoreSpec(self.root, self.storage_options)
+
     @classmethod
     def from_config(cls, uri: str | os.PathLike, cfg: StoreConfig) -> ExperienceStore:
         """The store at ``uri`` with the settings of a run's ``store`` config section."""
@@ -125,8 +123,6 @@ class ExperienceStore:
     @property
     def maintenance(self) -> StoreMaintenance:
         """Compaction, checkpoints and vacuum of this store's tables (see ``storage.maintenance``)."""
-        from storage.maintenance import StoreMaintenance  # imported here: maintenance imports this module
-
         return StoreMaintenance(self)
 
     # ---------------------------------------------------------------- table names and creation
@@ -327,51 +323,12 @@ class ExperienceStore:
             return pa.array([], pa.string())
         return pc.list_flatten(updates["consumed_ids"]).combine_chunks()
 
-    def ready(
-        self, agent: str, policy_version: int, n: int, *, version: int | None = None, after: str | None = None
-    ) -> ReadyBatch:
-        """The next micro-batch for training: up to ``n`` rewarded, committed samples of ``policy_version``
-        that no recorded update of ``agent`` has consumed, in ``sample_id`` order.
-
-        The sample table is read at one pinned Delta version (``version``, or the latest), returned with the
-        rows so that the caller can record what it read. Consumption is read from the latest updates table, so
-        a sample that an update has consumed is never handed out again. Consumption is recorded only at the
-        optimizer step; to page through the micro-batches of one global batch before that, pass the last
-        ``sample_id`` of the previous page as ``after``.
-
-        Args:
-            agent: whose samples.
-            policy_version: the weights that generated them.
-            n: at most this many rows.
-            version: Delta version of the agent's sample table (default: latest).
-            after: only sample ids greater than this one (keyset paging).
-
-        Returns:
-            ``ReadyBatch(rows, version)``; ``rows`` has at most ``n`` rows, sorted by ``sample_id``.
-
-        Example:
-            >>> page, pinned = store.ready("solver", 0, 64)
-            >>> nxt, _ = store.ready("solver", 0, 64, version=pinned, after=page["sample_id"][-1].as_py())
-        """
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        dt = self.open(self.samples_table(agent), version=version)
-        # Filters are pushed down: file statistics drop files of other policy versions before the scan.
-        flt = (pc.field("policy_version") == policy_version) & (pc.field("status") == SampleStatus.REWARDED.value)
-        if after is not None:
-            flt &= pc.field("sample_id") > after
-        consumed = self.consumed_ids(agent, newer_than=policy_version)  # older updates cannot have used them
-        if len(consumed):
-            flt &= ~pc.field("sample_id").isin(consumed)
-        dataset = self.dataset(self.samples_table(agent), dt=dt, prune=[("policy_version", "=", policy_version)])
-        # Choose the ids from the id column alone, then read the payload columns of those rows only.
-        ids = dataset.to_table(columns=["sample_id"], filter=flt)
-        if ids.num_rows == 0:
-            return ReadyBatch(dataset.schema.empty_table(), dt.version())
-        if ids.num_rows > n:
-            ids = ids.take(pc.select_k_unstable(ids, k=n, sort_keys=[("sample_id", "ascending")]))
-        rows = dataset.to_table(filter=flt & pc.field("sample_id").isin(ids["sample_id"]))
-        return ReadyBatch(rows.sort_by("sample_id"), dt.version())
+    def read_micro_batch(self, agent: str, sample_ids: Sequence[str], *, version: int) -> pa.Table:
+        """The training read: the agent's samples ``sample_ids`` at Delta version ``version`` (where the driver
+        committed them), sorted by ``sample_id``. The id filter is pushed down, so file statistics skip the
+        files that hold none of them."""
+        wanted = pc.field("sample_id").isin(pa.array(list(sample_ids), pa.string()))
+        return self.read(self.samples_table(agent), version=version, filter=wanted).sort_by("sample_id")
 
     def policy_version(self, agent: str) -> int:
         """The agent's latest recorded policy version (0 before its first update)."""
@@ -415,64 +372,3 @@ class ExperienceStore:
                 "by_version": {str(c["values"]): c["counts"] for c in sorted(counts, key=lambda c: c["values"])},
             }
         return {"root": self.root, "tables": tables, "agents": agents}
-
-
-def error_summary(exc: BaseException, limit: int = 200) -> str:
-    """An error's first line, cut at ``limit`` characters: deltalake appends a native backtrace to its messages,
-    and its kernel errors print whole Rust structs."""
-    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return line if len(line) <= limit else line[:limit] + " ..."
-
-
-class TableLoadError(StoreError, DeltaError):
-    """A Delta table whose log does not load. Still a ``DeltaError``, so that callers that report a damaged table
-    and go on keep doing so; ``detail`` is the message without the table's name."""
-
-    def __init__(self, table: str, detail: str) -> None:
-        super().__init__(f"{table}: {detail}")
-        self.table = table
-        self.detail = detail
-
-
-def log_versions(table_uri: str, storage_options: dict[str, str] | None = None) -> list[int] | None:
-    """The versions of the commit files in the table's ``_delta_log``, sorted; None when it cannot be listed."""
-    if storage_options:
-        return None  # object stores: listing needs their credentials; the message then names no version
-    try:
-        fs, path = pafs.FileSystem.from_uri(f"{table_uri}/_delta_log")
-        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(path)) if i.extension == "json"]
-    except (OSError, ValueError):
-        return None
-    return sorted(int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit())
-
-
-def first_unloadable_version(table_uri: str, storage_options: dict[str, str] | None = None) -> int | None:
-    """The first commit at which the table stops loading (a bisection over the commits in ``_delta_log``)."""
-    versions = log_versions(table_uri, storage_options)
-    if not versions:
-        return None
-    lo, hi = 0, len(versions) - 1  # loading versions[hi] fails; find the first index that fails
-    while lo < hi:
-        mid = (lo + hi) // 2
-        try:
-            DeltaTable(table_uri, version=versions[mid])
-            lo = mid + 1
-        except Exception:  # noqa: BLE001 - any failure to load counts
-            hi = mid
-    return versions[lo]
-
-
-def describe_delta_error(table_uri: str, exc: BaseException, storage_options: dict[str, str] | None = None) -> str:
-    """What is wrong with a table whose Delta log fails to load, in one line: the version at fault and the fix."""
-    versions = log_versions(table_uri, storage_options)
-    missing = sorted(set(range(versions[0], versions[-1] + 1)) - set(versions)) if versions else []
-    if missing:  # the kernel names the file before the gap, which is not the one to restore
-        gone = ", ".join(f"{v:020d}.json" for v in missing[:3]) + (" ..." if len(missing) > 3 else "")
-        return (f"the Delta log is missing commit {missing[0]} ({gone} in _delta_log), so versions from "
-                f"{missing[0]} on do not load; restore that commit file from a backup; versions before "
-                f"{missing[0]} still read")
-    version = first_unloadable_version(table_uri, storage_options)
-    if version is None:
-        return f"the Delta log fails to load: {error_summary(exc)}; restore the table's _delta_log from a backup"
-    return (f"the Delta log fails to load at version {version}: {error_summary(exc)}; restore that commit file "
-            "of _delta_log from a backup; earlier versions still read")

@@ -5,16 +5,16 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from storage.store import ExperienceStore
+from storage.store import StoreSpec
 
 
 # A retry is safe: compaction, checkpoints and vacuum are idempotent, and a compaction that meets another one
 # holding the table's lease skips it.
 @task(name="maintain-table", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[10, 60],
       task_run_name="maintain-{table}")
-def maintain_table(store_uri: str, table: str, vacuum_retention_hours: float) -> dict:
+def maintain_table(store: StoreSpec, table: str, vacuum_retention_hours: float) -> dict:
     """Compact, checkpoint and vacuum one table of the store; returns one flat row of metrics."""
-    maintenance = ExperienceStore(store_uri).maintenance
+    maintenance = store.open().maintenance
     compact = maintenance.compact(table)[table]
     checkpoint = maintenance.checkpoint(table)[table]
     vacuum = maintenance.vacuum(table, retention_hours=vacuum_retention_hours)[table]

@@ -4,7 +4,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, State
 
-from flexmarl.orchestrator.pipeline import PipelineResult, PipelineStopped
+from flexmarl.orchestrator.pipeline import PipelineStopped
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime
 
 

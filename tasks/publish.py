@@ -15,13 +15,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.pipeline import PipelineResult, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, UpdateEvent
 from flexmarl.orchestrator.report import build_report
 from flexmarl.orchestrator.runtime import RunContext
 from flexmarl.report.series import load_series
 from flexmarl.report.summary import agent_rows, render_summary
-from flexmarl.report.timeline_file import TIMELINE_FILE, write_timeline
-from flexmarl.run_directory import REPORT_FILE, RunDirectory
+from flexmarl.run.timeline_file import write_timeline
+from flexmarl.run.directory import RunDirectory
+from flexmarl.run.layout import REPORT_FILE, TIMELINE_FILE
 
 
 def start_progress() -> UUID:

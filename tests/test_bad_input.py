@@ -195,7 +195,7 @@ def commit(store, cfg, episodes, seq: int) -> None:
 def reward_raises_and_output_unparsed(tmp_path: Path, monkeypatch, caplog) -> str:
     """A reward that raises on one episode, and an output that does not parse: the run records, counts, goes on."""
     from flexmarl.config import load_config
-    from flexmarl.orchestrator.pipeline import PipelineResult
+    from flexmarl.orchestrator.records import PipelineResult
     from flexmarl.orchestrator.report import build_report
     from flexmarl.orchestrator.runtime import RunContext
     from flexmarl.workloads import registry
@@ -527,6 +527,10 @@ CASES = [
          f"{CONFIG}::test_wrong_type_names_the_field"),
     Case("out-of-range", lambda t: config_error(t, overrides=("training.lr=-1",)),
          (r"training.lr: Input should be greater than 0 \(got -1\)",)),
+    Case("partial-group-micro-batch", lambda t: config_error(t, overrides=("training.micro_batch_size=6",)),
+         (r"training.micro_batch_size=6 is not a whole number of GRPO groups of agent 'solver': one query gives it "
+          r"4 samples \(train.group_size=4 x 1 node\(s\)\)", r"use 4 \(or another multiple of 4\), or set "
+          r"agents.solver.training.micro_batch_size")),
     Case("cyclic-graph",
          lambda t: config_error(t, with_change(lambda r: r["graph"]["edges"].append(["verifier", "solver"]))),
          (r"cycle \((solver -> verifier -> solver|verifier -> solver -> verifier)\)",

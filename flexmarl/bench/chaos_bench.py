@@ -29,7 +29,7 @@ import torch
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, load_config
 from flexmarl.orchestrator.coverage import training_coverage
-from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run, resume_config
 from storage.store import ExperienceStore
 from storage.verify import verify_store

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flexmarl.bench.timeline import draw_timeline
+from flexmarl.report.timeline import draw_timeline
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, load_config
-from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
 
 # Each mode is a set of overrides of the same workload.

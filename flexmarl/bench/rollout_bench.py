@@ -17,17 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from flexmarl.bench.backend_bench import compare_backends  # noqa: E402
-from flexmarl.bench.timeline import draw_timeline  # noqa: E402
-from flexmarl.cluster.local import open_cluster  # noqa: E402
-from flexmarl.config import load_config  # noqa: E402
-from flexmarl.orchestrator.pipeline import PipelineResult  # noqa: E402
-from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run  # noqa: E402
+from flexmarl.bench.backend_bench import compare_backends
+from flexmarl.cluster.local import open_cluster
+from flexmarl.config import load_config
+from flexmarl.orchestrator.records import PipelineResult
+from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+from flexmarl.report.timeline import draw_queues, draw_timeline
 
 # The fan_out preset, skewed harder: the solver's three calls carry nearly all the tokens, and the aggregator
 # runs the small model, so that the replica slots dealt evenly at the start are far from where the work is.
@@ -49,26 +44,6 @@ def sample_once(overrides: list[str], run_dir: Path, address: str, workload: str
         return runtime.run(train=False)
     finally:
         runtime.close()
-
-
-def draw_queues(result: PipelineResult, path: Path, *, title: str) -> Path:
-    """Each agent's waiting requests over time; a dashed line where a replica slot moved to an agent."""
-    fig, ax = plt.subplots(figsize=(10, 3))
-    agents = sorted({a for _, a, _ in result.queue_trace})
-    colours = dict(zip(agents, plt.get_cmap("tab10").colors, strict=False))
-    for agent in agents:
-        points = [(t, d) for t, a, d in result.queue_trace if a == agent] + [(result.wall_s, 0)]
-        ax.step([t for t, _ in points], [d for _, d in points], where="post", label=agent, color=colours[agent])
-    for move in result.moves:
-        ax.axvline(move.at, color=colours.get(move.target, "grey"), linestyle="--", linewidth=0.8)
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("waiting requests")
-    ax.set_title(f"{title}: {len(result.moves)} slot moves (dashed, in the colour of the agent that gained)", loc="left")
-    ax.legend(fontsize="small", frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def bench_rollout(

@@ -2,8 +2,8 @@
 
 Two stores take the same stream of micro-batch commits (one per rollout micro-batch, as the pipeline mode
 will commit them): one never compacts, the other compacts automatically past ``compact_after_files``. The
-report gives each one's append latency (p50, p99, max), its rows/s, and the latency of ``ready()`` reading
-micro-batches back at a pinned version while earlier versions have been consumed.
+report gives each one's append latency (p50, p99, max), its rows/s, and the latency of the trainers' read
+(``read_micro_batch``): one committed micro-batch by its sample ids, at the Delta version it was committed in.
 
 Example:
     >>> report = run_store_bench("/tmp/bench", commits=20)
@@ -108,24 +108,19 @@ def _append_phase(root: str, *, commits: int, rows: int, batches_per_version: in
     }
 
 
-def _ready_phase(store: ExperienceStore, *, versions: int, rows: int, reads: int) -> dict:
-    """Consume the first half of the policy versions, then page through the next one with ``ready()``."""
-    consumed_until = max(1, versions // 2)
-    for v in range(consumed_until):
-        ids = store.read_samples(AGENT, policy_version=v, columns=["sample_id"])["sample_id"].to_pylist()
-        store.record_update(AGENT, v + 1, ids, samples_version=store.version(store.samples_table(AGENT)),
-                            num_tokens=0)
-    target = min(consumed_until, versions - 1)
+def _read_phase(store: ExperienceStore, *, rows: int, reads: int) -> dict:
+    """Read committed micro-batches back as a trainer does: ``rows`` sample ids at their commit's version."""
+    table = store.read_samples(AGENT, columns=["sample_id"])
+    ids = sorted(table["sample_id"].to_pylist())
     pinned = store.version(store.samples_table(AGENT))
-    times, after, served = [], None, 0
-    for _ in range(reads):
+    times, served = [], 0
+    for i in range(reads):
+        start = (i * rows) % max(len(ids) - rows + 1, 1)  # spread over the table, wrapping around
         t = time.perf_counter()
-        page, _ = store.ready(AGENT, target, rows, version=pinned, after=after)
+        batch = store.read_micro_batch(AGENT, ids[start:start + rows], version=pinned)
         times.append(time.perf_counter() - t)
-        served += page.num_rows
-        after = page["sample_id"][-1].as_py() if page.num_rows else None  # wrap around to the first page
-    return {"latency": _latency(times), "n": rows, "policy_version": target, "consumed_versions": consumed_until,
-            "rows_served": served}
+        served += batch.num_rows
+    return {"latency": _latency(times), "n": rows, "rows_served": served}
 
 
 def run_store_bench(
@@ -135,37 +130,36 @@ def run_store_bench(
     rows_per_commit: int = 64,
     batches_per_version: int = 16,
     compact_after_files: int = 200,
-    ready_reads: int = 50,
+    reads: int = 50,
     prompt_len: int = 128,
     response_len: int = 128,
     seed: int = 0,
 ) -> dict:
-    """Measure append and ``ready()`` latency of the store under ``workdir`` (a scratch folder, removed after).
+    """Measure append and micro-batch read latency of the store under ``workdir`` (a scratch folder, removed after).
 
     Args:
         commits: micro-batch commits per store.
         rows_per_commit: rows per micro-batch.
         batches_per_version: micro-batches per global batch (the policy version advances after each).
         compact_after_files: the automatic-compaction threshold of the compacting store.
-        ready_reads: ``ready()`` calls timed on each store.
+        reads: ``read_micro_batch`` calls timed on each store.
         prompt_len, response_len: token ids per prompt and response (the payload size).
 
     Returns:
-        The report: ``config``, ``append`` (``no_compaction``, ``auto_compaction``) and ``ready`` (same keys).
+        The report: ``config``, ``append`` (``no_compaction``, ``auto_compaction``) and ``read`` (same keys).
     """
     if commits < 2:
         raise ValueError(f"commits must be >= 2, got {commits}")
-    versions = max(2, -(-commits // batches_per_version))
     scratch = tempfile.mkdtemp(prefix="store-bench-", dir=workdir)
     report: dict = {
         "config": {
             "commits": commits, "rows_per_commit": rows_per_commit, "batches_per_version": batches_per_version,
-            "compact_after_files": compact_after_files, "ready_reads": ready_reads, "prompt_len": prompt_len,
+            "compact_after_files": compact_after_files, "reads": reads, "prompt_len": prompt_len,
             "response_len": response_len, "cpus": os.cpu_count(), "python": platform.python_version(),
             "pyarrow": pa.__version__,
         },
         "append": {},
-        "ready": {},
+        "read": {},
     }
     try:
         for name, threshold in (("no_compaction", 0), ("auto_compaction", compact_after_files)):
@@ -175,14 +169,14 @@ def run_store_bench(
                 response_len=response_len, seed=seed,
             )
             report["append"][name] = append
-            report["ready"][name] = _ready_phase(store, versions=versions, rows=rows_per_commit, reads=ready_reads)
+            report["read"][name] = _read_phase(store, rows=rows_per_commit, reads=reads)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report["summary"] = {
         "append_p50_ms": {k: v["latency"]["p50_ms"] for k, v in report["append"].items()},
         "append_p99_ms": {k: v["latency"]["p99_ms"] for k, v in report["append"].items()},
         "rows_per_s": {k: v["rows_per_s"] for k, v in report["append"].items()},
-        "ready_p50_ms": {k: v["latency"]["p50_ms"] for k, v in report["ready"].items()},
-        "ready_p99_ms": {k: v["latency"]["p99_ms"] for k, v in report["ready"].items()},
+        "read_p50_ms": {k: v["latency"]["p50_ms"] for k, v in report["read"].items()},
+        "read_p99_ms": {k: v["latency"]["p99_ms"] for k, v in report["read"].items()},
     }
     return report

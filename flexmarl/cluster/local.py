@@ -104,6 +104,9 @@ def connect(address: str, *, timeout_s: float, n_workers: int = 1) -> Client:
             f"the Dask scheduler at {address} has no workers after {timeout_s:.0f}s (cluster.connect_timeout_s); "
             f"start workers with `dask worker {address}`"
         ) from None
+    from flexmarl.cluster.worker_state import register  # here: it imports torch
+
+    register(client)  # every worker, and each one a nanny restarts, keeps its engines in a registry
     return client
 
 

@@ -1,8 +1,9 @@
 """Engines that live on a Dask worker between tasks (rollout replicas, trainers).
 
-Each worker keeps its engines in a dict attached to the worker object, so thread-based test clusters
-(several workers in one process) keep them apart. Outside a worker (plain Python, tests) a process-wide
-dict is used. Engines are a cache of durable state: weights come from model directories or checkpoints and
+Each worker keeps its engines in an ``EngineRegistry``, a Dask ``WorkerPlugin`` that ``register`` installs
+on every worker of a cluster, and that Dask installs again on each worker a nanny restarts; thread-based test
+clusters (several workers in one process) get one registry per worker. Its ``teardown`` frees the engines
+when the worker closes. Outside a worker (plain Python, tests) a process-wide dict is used. Engines are a cache of durable state: weights come from model directories or checkpoints and
 samples from the store, so a lost worker loses nothing that cannot be rebuilt.
 """
 
@@ -14,22 +15,46 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from distributed import get_worker
+from distributed import Client, WorkerPlugin, get_worker
 
+PLUGIN = "flexmarl-engines"
 _LOCAL: dict[str, Any] = {}
 
 
+class EngineRegistry(WorkerPlugin):
+    """The engines of one worker, by key."""
+
+    name = PLUGIN
+    idempotent = True  # a second client of the cluster (a resumed run) keeps the registry, and its engines
+
+    def setup(self, worker: Any) -> None:
+        self.engines: dict[str, Any] = {}
+        _limit_threads()
+
+    def teardown(self, worker: Any) -> None:
+        _close(self.engines, list(self.engines))
+
+
+def register(client: Client) -> None:
+    """Install the engine registry on every worker of ``client``'s cluster (and on those that join later)."""
+    client.register_plugin(EngineRegistry())
+
+
 def engines() -> dict[str, Any]:
-    """The calling worker's engine registry."""
+    """The calling worker's engine registry.
+
+    Raises:
+        RuntimeError: inside a worker of a cluster whose registry was never installed (``register``).
+    """
     try:
         worker = get_worker()
     except ValueError:  # not inside a Dask task
         return _LOCAL
-    registry = getattr(worker, "_flexmarl_engines", None)
-    if registry is None:
-        registry = worker._flexmarl_engines = {}
-        _limit_threads()
-    return registry
+    plugin = worker.plugins.get(PLUGIN)
+    if plugin is None:
+        raise RuntimeError(f"worker {worker.address} has no FlexMARL engine registry: connect to the cluster with "
+                           "flexmarl.cluster.local.connect, or call flexmarl.cluster.worker_state.register(client)")
+    return plugin.engines
 
 
 def worker_address() -> str:
@@ -56,10 +81,18 @@ def release(prefix: str, dask_worker: Any = None) -> int:
 
     Meant for ``client.run(release, prefix)``, which passes the worker as ``dask_worker``.
     """
-    registry = engines() if dask_worker is None else getattr(dask_worker, "_flexmarl_engines", {})
+    if dask_worker is None:
+        registry = engines()
+    else:
+        plugin = dask_worker.plugins.get(PLUGIN)
+        registry = plugin.engines if plugin is not None else {}
     keys = [k for k in registry if k.startswith(prefix)]
+    _close(registry, keys)
+    return len(keys)
+
+
+def _close(registry: dict[str, Any], keys: list[str]) -> None:
     for k in keys:
         close = getattr(registry.pop(k), "close", None)
         if callable(close):  # a trainer lets go of what the process-wide Accelerator holds for it
             close()
-    return len(keys)

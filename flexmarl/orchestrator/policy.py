@@ -1,8 +1,7 @@
 """Scheduling decisions as plain objects: state in, decision out; no Dask, Prefect or Delta inside.
 
-The pipeline runtime (``pipeline.py``) asks these questions whenever something happens (a sample batch
-finished, a micro-batch was committed, an update finished); a simulator can ask the same questions with a
-simulated clock.
+The scheduler (``scheduler.py``) asks these questions whenever something happens (a sample batch
+finished, a micro-batch was committed, an update finished), for the Dask runtime and the simulator alike.
 
 The modes differ only in the answers:
 - ``sync`` (the MARTI-like baseline): a step's rollout starts when every agent is at that step's version;
@@ -17,10 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# A worker runs one task at a time, the highest priority first: generation gates the episodes (and so every
-# agent's next batch), so it goes first; weight syncs next; training, swaps and optimizer steps fill the gaps.
-# A prefetch only starts a background read, so it goes before everything.
-TASK_PRIORITY = {"generate": 10, "sync": 5, "park": 5, "prefetch": 20}
+# Task priorities on a worker are part of the task vocabulary: ``tasks.TaskKind``.
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections import defaultdict
 import pyarrow.compute as pc
 
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext
 from storage.store import EPISODES, UPDATES, ExperienceStore
 

@@ -28,17 +28,17 @@ from flexmarl.cluster.local import connect, place, submit_on, workers_offering
 from flexmarl.cluster.worker_state import release
 from flexmarl.config import ConfigError, RunConfig, dump_config, load_config
 from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
-from flexmarl.orchestrator.pipeline import PipelineResult, PipelineRunner, UpdateEvent
+from flexmarl.orchestrator.pipeline import PipelineRunner
+from flexmarl.orchestrator.records import PipelineResult, UpdateEvent
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
 from flexmarl.training import slot, snapshots
 from flexmarl.workloads.datasets import TaskStream, load_tasks
+from flexmarl.run.layout import ATTEMPTS_FILE, CHECKPOINTS_DIR, CONFIG_FILE, STATE_DIR, STORE_DIR
 from storage.store import ExperienceStore, error_summary
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-ATTEMPTS_FILE = "attempts.txt"  # one line per start or resume of a run directory: its run id [and who started it]
 # What a resumed run may change: where and how patiently it runs, and how far. The rest made its samples.
 RESUMABLE = ("cluster.", "rollout.request_timeout_s", "rollout.sync_timeout_s", "train.steps",
              "train.save_checkpoints")
@@ -77,7 +77,7 @@ def check_run_paths(cfg: RunConfig, run_dir: str | Path) -> str:
     """Check that the run directory and a local store can be written; returns the store URI."""
     run_path = Path(run_dir).resolve()
     check_writable(run_path, "the run directory", "choose another --run-dir")
-    store_uri = cfg.store.uri or str(run_path / "store")
+    store_uri = cfg.store.uri or str(run_path / STORE_DIR)
     if "://" not in store_uri or store_uri.startswith("file://"):
         check_writable(Path(store_uri.removeprefix("file://")).resolve(), "the store",
                        "set store.uri to a writable directory (or leave it null: RUN_DIR/store)")
@@ -244,7 +244,7 @@ class Runtime:
         self.tasks = TaskStream(load_tasks(self.cfg.data), seed=self.cfg.data.seed)
         self.timeout_s = self.cfg.rollout.request_timeout_s
         self.events: queue.Queue[UpdateEvent | None] = queue.Queue()
-        self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / "state")).rstrip("/")
+        self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / STATE_DIR)).rstrip("/")
         self.snapshot_root = f"{self.state_uri}/{snapshots.SNAPSHOTS}" if self.cfg.train.save_state else None
         self.stop_requested = threading.Event()
 
@@ -333,7 +333,7 @@ class Runtime:
         return self._wait([fut], f"fetching the weights of {agent!r}")[0]
 
     def checkpoint(self, agent: str) -> str:
-        out = Path(self.ctx.run_dir) / "checkpoints" / agent / f"v{self.versions[agent]}"
+        out = Path(self.ctx.run_dir) / CHECKPOINTS_DIR / agent / f"v{self.versions[agent]}"
         fut = submit_on(self.client, self.trainers[agent], slot.save_checkpoint, self.key(agent), str(out),
                         self.model_dirs[agent])
         return self._wait([fut], f"the checkpoint of agent {agent!r}")[0]

@@ -22,8 +22,8 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flexmarl.orchestrator.pipeline import PipelineResult
-from flexmarl.run_directory import RunDirectory
+from flexmarl.orchestrator.records import PipelineResult
+from flexmarl.run.directory import RunDirectory
 from storage.store import UPDATES
 
 

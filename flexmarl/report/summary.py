@@ -11,9 +11,9 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 
 from flexmarl.config import dump_config
-from flexmarl.orchestrator.pipeline import PipelineResult
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.report.series import AgentSeries
-from flexmarl.run_directory import RunDirectory
+from flexmarl.run.directory import RunDirectory
 
 KINDS = ("rollout", "train", "swap", "sync")
 

@@ -14,12 +14,11 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-from flexmarl.bench.rollout_bench import draw_queues
-from flexmarl.bench.timeline import draw_timeline
 from flexmarl.report.pictures import draw_agent_sheet, draw_rewards
 from flexmarl.report.series import load_series
 from flexmarl.report.summary import render_summary
-from flexmarl.run_directory import RunDirectory
+from flexmarl.report.timeline import draw_queues, draw_timeline
+from flexmarl.run.directory import RunDirectory
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #212121; }

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from flexmarl.meg.graph import sample_id
 from flexmarl.meg.spec import MEGSpec
 from flexmarl.rollout.backend import GenerationResult
 from flexmarl.workloads.datasets import TaskItem
@@ -43,10 +44,6 @@ class Episode:
     @property
     def episode_id(self) -> str:
         return f"{self.task.input_id}_{self.trajectory_id}"
-
-
-def sample_id(input_id: str, turn: int, trajectory_id: int) -> str:
-    return f"{input_id}_{turn}_{trajectory_id}"
 
 
 def request_seed(run_seed: int, sid: str) -> int:

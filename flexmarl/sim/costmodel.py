@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import math
-from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -33,7 +32,8 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from flexmarl.configbase import Strict, did_you_mean
-from flexmarl.meg.graph import DeclaredNode, ExpandedGraph, GraphError, expand
+from flexmarl.meg.graph import ExpandedGraph
+from flexmarl.meg.spec import GraphSpec
 
 PRESETS = ("paper-ma", "paper-ca", "scale-15x14b", "scale-3x32b-7x14b", "scale-5x32b")
 
@@ -109,18 +109,6 @@ class AgentCost(Strict):
     """Prompt tokens of the agent's own template and the task; its parents' responses are added to it."""
     response: LengthDist
     """Response lengths, drawn per request."""
-
-
-class NodeSpec(Strict):
-    name: str
-    agent: str
-    copies: int = Field(1, ge=1)
-    """Parallel instances of the node (fan-out); each is one request of the agent."""
-
-
-class GraphCost(Strict):
-    nodes: list[NodeSpec]
-    edges: list[tuple[str, str]] = []
 
 
 class Layout(Strict):
@@ -226,7 +214,9 @@ class SimPreset(Strict):
     cluster: ClusterCost
     models: dict[str, ModelCost]
     agents: dict[str, AgentCost]
-    graph: GraphCost
+    graph: GraphSpec
+    """The MEG topology, as a run config declares it (``flexmarl.meg.spec``): nodes with copies, edges and
+    bounded loops (a simulated loop runs all its turns: nothing is parsed, so no early stop)."""
     workload: WorkloadCost
     driver: DriverCost = DriverCost()
     paper: PaperResult | None = None
@@ -246,16 +236,6 @@ class SimPreset(Strict):
         unused = sorted(set(self.agents) - used)
         if unused:
             raise ValueError(f"agents {unused} appear in no graph node; add a node or remove them")
-        names = {n.name for n in self.graph.nodes}
-        for parent, child in self.graph.edges:
-            for end in (parent, child):
-                if end not in names:
-                    raise ValueError(f"graph edge [{parent}, {child}]: unknown node {end!r}"
-                                     f"{did_you_mean(end, sorted(names))}")
-        try:
-            self.expanded  # noqa: B018 - raises on a cycle
-        except GraphError as exc:
-            raise ValueError(str(exc)) from None
         for label, layout in (("layout", self.cluster.layout), ("sync_layout", self.cluster.sync_layout)):
             if layout is not None:
                 self._check_layout(label, layout)
@@ -279,10 +259,10 @@ class SimPreset(Strict):
                 raise ValueError(f"model {name!r}: a training state of {model.state_gb} GB does not fit a training "
                                  f"slot of {slot_devices} x {mem} GB; give {where} bigger slots")
 
-    @cached_property
+    @property
     def expanded(self) -> ExpandedGraph:
         """The graph with copies unrolled, by the runtime's own expansion (``flexmarl.meg.graph``)."""
-        return expand([DeclaredNode(n.name, n.agent, n.copies) for n in self.graph.nodes], self.graph.edges)
+        return self.graph.expanded
 
     def model_of(self, agent: str) -> ModelCost:
         return self.models[self.agents[agent].model]

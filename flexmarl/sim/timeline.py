@@ -12,8 +12,7 @@ import numpy as np  # noqa: E402
 
 from flexmarl.sim.engine import SPAN_KINDS, SimResult  # noqa: E402
 
-# the colours of the runtime's timeline (flexmarl/bench/timeline.py)
-COLOURS = {"rollout": "#4caf50", "train": "#ff9800", "swap": "#e91e63", "sync": "#9e9e9e"}
+from flexmarl.report.timeline import COLOURS  # noqa: E402 - the runtime's timeline colours
 
 
 def sample_workers(result: SimResult, rollout: int = 8, training: int = 8) -> list[int]:

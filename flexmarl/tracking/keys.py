@@ -28,7 +28,7 @@ Example:
 
 from __future__ import annotations
 
-from flexmarl.orchestrator.pipeline import UpdateEvent
+from flexmarl.orchestrator.records import UpdateEvent
 
 # trainer metric name -> its key below the agent (names already under policy/ or loss/ keep their name)
 TRAINER_KEYS = {"grad_norm": "optim/grad_norm", "micro_batches": "batch/micro_batches", "skipped": "update/skipped"}

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Protocol
 
 from flexmarl.config import RunConfig, dump_config
-from flexmarl.orchestrator.pipeline import UpdateEvent
+from flexmarl.orchestrator.records import UpdateEvent
 from flexmarl.tracking.config import TrackingConfig
 from flexmarl.tracking.keys import run_metrics, update_metrics
 

@@ -63,7 +63,8 @@ class TrainerConfig(Strict):
     [1 - clip_eps, 1 + clip_eps_high], so that low-probability tokens with a positive advantage can grow
     more before the clip stops them. null: the same as ``clip_eps`` (the symmetric PPO clip)."""
     micro_batch_size: int = Field(4, ge=1)
-    """Samples per forward/backward; gradients accumulate over the agent's global batch."""
+    """Samples per forward/backward; gradients accumulate over the agent's global batch. Whole GRPO groups:
+    a multiple of ``train.group_size`` times the agent's nodes (validation names the value to use)."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Gradient clipping norm; null turns clipping off."""
     is_cap: float = Field(2.0, gt=0)

@@ -12,15 +12,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult
-from storage.store import ExperienceStore
+from storage.store import StoreSpec
 
 
 def _key(key: str) -> str:
@@ -145,7 +143,7 @@ def resume(
     return {"worker": worker_address(), "load_s": load_s, "prefetch": prefetched}
 
 
-def accumulate(key: str, store_uri: str, samples_version: int, sample_ids: list[str], step: int) -> dict:
+def accumulate(key: str, store: StoreSpec, samples_version: int, sample_ids: list[str], step: int) -> dict:
     """Forward/backward of one committed micro-batch of ``step`` (read at a pinned Delta version).
 
     Returns the loss statistics, ``swap_s`` (bringing the state onto the device) and ``read_s`` (the
@@ -157,9 +155,7 @@ def accumulate(key: str, store_uri: str, samples_version: int, sample_ids: list[
         raise RuntimeError(f"trainer {key!r} is at v{t.version}, past step {step}: refusing to train twice")
     agent = key.rsplit("/", 1)[-1]
     read_start = time.perf_counter()
-    store = ExperienceStore(store_uri)
-    wanted = pc.field("sample_id").isin(pa.array(sample_ids))  # pushed down: skips files by their stats
-    rows = store.read(store.samples_table(agent), version=samples_version, filter=wanted).sort_by("sample_id")
+    rows = store.open().read_micro_batch(agent, sample_ids, version=samples_version)
     read_s = time.perf_counter() - read_start
     if rows.num_rows != len(sample_ids):
         raise RuntimeError(

@@ -14,8 +14,8 @@ from deltalake import DeltaTable
 from typer.testing import CliRunner
 
 from flexmarl.report.series import load_series
-from flexmarl.report.timeline_file import read_timeline
-from flexmarl.run_directory import RunDirectory
+from flexmarl.run.timeline_file import read_timeline
+from flexmarl.run.directory import RunDirectory
 from flows.cli import app
 
 runner = CliRunner()

@@ -24,15 +24,15 @@ def test_synthetic_samples_match_the_schema() -> None:
 
 
 def test_tiny_bench_reports_both_stores(tmp_path: Path) -> None:
-    report = run_store_bench(tmp_path, commits=20, rows_per_commit=8, compact_after_files=5, ready_reads=4,
+    report = run_store_bench(tmp_path, commits=20, rows_per_commit=8, compact_after_files=5, reads=4,
                              batches_per_version=4, prompt_len=8, response_len=8)
-    assert set(report) == {"config", "append", "ready", "summary"}
+    assert set(report) == {"config", "append", "read", "summary"}
     for name in ("no_compaction", "auto_compaction"):
         append = report["append"][name]
         assert set(append["latency"]) == LATENCY_KEYS and append["latency"]["n"] == 20
         assert append["final_rows"] == 20 * 8
-        assert report["ready"][name]["latency"]["n"] == 4
-        assert report["ready"][name]["rows_served"] > 0
+        assert report["read"][name]["latency"]["n"] == 4
+        assert report["read"][name]["rows_served"] == 4 * 8
     assert report["append"]["no_compaction"]["compactions"] == 0
     assert report["append"]["auto_compaction"]["compactions"] >= 1
     assert report["append"]["auto_compaction"]["final_files"] < 5
@@ -48,4 +48,4 @@ def test_bench_store_command_writes_the_json(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "bench_store.json").read_text())
     assert report["config"]["commits"] == 6
-    assert set(report["summary"]) == {"append_p50_ms", "append_p99_ms", "rows_per_s", "ready_p50_ms", "ready_p99_ms"}
+    assert set(report["summary"]) == {"append_p50_ms", "append_p99_ms", "rows_per_s", "read_p50_ms", "read_p99_ms"}

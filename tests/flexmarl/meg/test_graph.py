@@ -157,6 +157,7 @@ def loop_config(tmp_path, **agent_changes) -> str:
         "graph": {**{k: v for k, v in LOOP.items() if k != "nodes"},
                   "nodes": [{"name": "solver", "agent": "solver"}, {"name": "verifier", "agent": "verifier"}]},
         "data": {"dataset": "basic_arithmetic", "size": 8},
+        "training": {"micro_batch_size": 12},  # whole groups: group_size 4 x 3 turns
     }
     for agent, changes in agent_changes.items():
         raw["agents"][agent].update(changes)

@@ -12,6 +12,7 @@ import pickle
 import pytest
 import torch
 
+from flexmarl.cluster.worker_state import register
 from flexmarl.models.loading import ModelError, load_model, resolve_model
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError, WeightUpdate
 from flexmarl.rollout.config import RolloutConfig, VLLMSettings, vllm_installed
@@ -126,6 +127,7 @@ def test_a_replica_on_a_default_dask_worker_serves_the_model(engine, model_dirs)
     # Default (daemonic) worker processes: the in-process engine needs no child processes.
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
+        register(client)
         client.submit(replica.start_replica, "run/a", str(model_dirs[0]), 0, rollout, pure=False).result()
         [served] = client.submit(replica.generate, "run/a", [request], pure=False).result()
         assert served.response_ids == expected and served.policy_version == 0

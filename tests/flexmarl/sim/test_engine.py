@@ -85,3 +85,21 @@ def test_colocated_layout_swaps_training_state_around_rollout(small: SimPreset) 
     swaps = result.span_kind == 2
     assert swaps.any()  # a state comes back onto devices that rolled out in between
     assert {w.role for w in result.workers} == {"both"}
+
+
+def test_a_bounded_loop_runs_every_turn_and_trains_each_turns_samples(small: SimPreset) -> None:
+    from flexmarl.meg.spec import GraphSpec
+
+    graph = GraphSpec.model_validate({
+        "nodes": [{"name": "plan", "agent": "planner"}, {"name": "solve", "agent": "solver"},
+                  {"name": "judge", "agent": "judge"}],
+        "edges": [["plan", "solve"], ["solve", "judge"], ["judge", "solve"]],
+        "loops": [{"nodes": ["solve", "judge"], "max_turns": 3}],
+    })
+    looped = small.model_copy(update={"graph": graph})
+    sim = Simulation(looped, "flexmarl")
+    result = sim.run()
+    assert sim.nodes_of["solver"] == ["solve_t0", "solve_t1", "solve_t2"]
+    episodes = small.workload.queries_per_step * small.workload.group_size
+    for agent, turns in (("planner", 1), ("solver", 3), ("judge", 3)):
+        assert [u.samples for u in result.updates if u.agent == agent] == [episodes * turns] * small.workload.steps

@@ -15,3 +15,23 @@ def test_modes_are_the_benchmarks_modes() -> None:
         assert mode.pipeline == (settings.get("train.pipeline", "true") == "true")
         assert mode.max_staleness == int(settings.get("train.max_staleness", 0))
         assert mode.load_balance == (settings.get("rollout.load_balance", "true") == "true")
+
+
+def test_the_simulator_and_the_runtime_drive_one_scheduler() -> None:
+    import ast
+    from pathlib import Path
+
+    import flexmarl
+    from flexmarl.orchestrator import pipeline
+    from flexmarl.orchestrator.scheduler import Scheduler
+    from flexmarl.sim import engine
+
+    assert engine.Scheduler is Scheduler and pipeline.Scheduler is Scheduler
+    # no scheduling state is defined a second time anywhere in the package
+    defined: dict[str, list[str]] = {}
+    for path in Path(flexmarl.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, []).append(str(path))
+    for name in ("MicroBatch", "StepState", "Scheduler", "InFlight"):
+        assert len(defined[name]) == 1, (name, defined[name])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flexmarl.config import load_config
-from flexmarl.orchestrator.pipeline import UpdateEvent
+from flexmarl.orchestrator.records import UpdateEvent
 from flexmarl.tracking import tracker as tracker_module
 from flexmarl.tracking.config import TrackingConfig
 from flexmarl.tracking.keys import update_metrics

@@ -7,6 +7,7 @@ from distributed import Client, LocalCluster
 
 from flexmarl.bench.swap_bench import same_state
 from flexmarl.cluster.local import submit_on
+from flexmarl.cluster.worker_state import register
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import HostCopy
@@ -32,6 +33,7 @@ def test_a_state_prefetched_by_another_worker_resumes_without_a_read_and_bit_exa
     batch = make_batch(tiny_dir, [1.0, -1.0, 0.5])
     with (LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
           Client(cluster) as client):
+        register(client)
         a, b = sorted(client.scheduler_info(n_workers=-1)["workers"])
         submit_on(client, a, slot.start_trainer, KEY, str(tiny_dir), CONFIG, 1.0, 6, 0).result()
         before = submit_on(client, a, train_and_capture, KEY, batch).result()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.orchestrator.pipeline import PipelineResult, Span, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, Span, UpdateEvent
 from flexmarl.rollout.balancer import Move
-from flexmarl.report.timeline_file import read_timeline, write_timeline
+from flexmarl.run.timeline_file import read_timeline, write_timeline
 
 
 def test_a_written_timeline_reads_back_equal(tmp_path: Path) -> None:

@@ -1,13 +1,8 @@
 """A run directory after the run: where its config, report, timeline, store and checkpoints are.
 
 ``flexmarl report``, ``export`` and ``store query`` read a finished (or running) run through this one class,
-so the layout is spelled out once::
-
-    RUN_DIR/config.yaml                      the resolved config
-    RUN_DIR/report.json                      per-agent counts and timings (the flow's publish-report)
-    RUN_DIR/timeline.json                    worker spans and update events (flexmarl.report.timeline_file)
-    RUN_DIR/store/                           the Delta tables (or the config's store.uri)
-    RUN_DIR/checkpoints/<agent>/v<N>/        Hugging Face directories: weights and tokenizer
+on the layout of ``layout.py``. It imports neither Dask nor torch (a test checks it): the tokenizer, the one
+part that needs transformers, is loaded on demand.
 
 Example:
     >>> run = RunDirectory("runs/tiny")
@@ -23,17 +18,16 @@ import re
 from functools import cached_property
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from flexmarl.config import ConfigError, RunConfig, load_config
-from flexmarl.models.loading import ModelError, load_tokenizer, resolve_model
-from flexmarl.orchestrator.pipeline import PipelineResult
-from flexmarl.orchestrator.runtime import CONFIG_FILE
-from flexmarl.report.timeline_file import TIMELINE_FILE, read_timeline
+from flexmarl.orchestrator.records import PipelineResult
+from flexmarl.run.layout import CHECKPOINTS_DIR, CONFIG_FILE, REPORT_FILE, STORE_DIR, TIMELINE_FILE
+from flexmarl.run.timeline_file import read_timeline
 from storage.store import ExperienceStore
 
-REPORT_FILE = "report.json"
-CHECKPOINTS_DIR = "checkpoints"
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 _VERSION_DIR = re.compile(r"v(\d+)")
 
 
@@ -71,7 +65,7 @@ class RunDirectory:
 
     @property
     def store_uri(self) -> str:
-        return self.config.store.uri or str((self.path / "store").resolve())
+        return self.config.store.uri or str((self.path / STORE_DIR).resolve())
 
     @cached_property
     def store(self) -> ExperienceStore:
@@ -109,6 +103,8 @@ class RunDirectory:
         Raises:
             RunDirectoryError: neither a checkpoint nor the model named in the config can be found.
         """
+        from flexmarl.models.loading import ModelError, load_tokenizer, resolve_model  # torch: on demand
+
         ckpts = self.checkpoints(agent)
         if ckpts:
             return load_tokenizer(ckpts[max(ckpts)])

@@ -17,10 +17,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from flexmarl.orchestrator.pipeline import PipelineResult, Span, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, Span, UpdateEvent
 from flexmarl.rollout.balancer import Move
 
-TIMELINE_FILE = "timeline.json"
 FORMAT = 1  # bumped when the layout changes, so that an old file is refused with a clear error
 
 

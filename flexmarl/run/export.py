@@ -20,7 +20,8 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from flexmarl.run_directory import CHECKPOINTS_DIR, RunDirectory, RunDirectoryError
+from flexmarl.run.directory import RunDirectory, RunDirectoryError
+from flexmarl.run.layout import CHECKPOINTS_DIR
 
 PROVENANCE_FILE = "flexmarl_agent.json"
 

@@ -1,0 +1,91 @@
+"""A plain synchronous GRPO loop over the same components: the readable specification and a test oracle.
+
+No scheduler, no cluster, no store: for each step, generate every node of every episode in graph order,
+score the groups, train each agent on its whole batch in one ``AgentTrainer.train_step``, and load the new
+weights into that agent's generator. It shares no scheduling code with the pipeline, so a test that finds
+the pipeline's weights equal to these (``tests/flexmarl/test_reference.py``) checks the scheduler, the
+commits, the store reads and the weight syncs at once. Strictly on-policy (``train.max_staleness`` 0), as
+the ``sync`` schedule is.
+
+Example:
+    >>> weights = reference_run(load_config(preset="tiny", overrides=["train.steps=2"]))
+    >>> sorted(weights)
+    ['solver', 'verifier']
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from flexmarl.config import RunConfig
+from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.rollout.backend import GenerationRequest, WeightUpdate
+from flexmarl.rollout.episodes import Episode, EpisodeGraph, NodeOutput, request_seed
+from flexmarl.rollout.replica import open_backend
+from flexmarl.rollout.scoring import scale_by_agent, score
+from flexmarl.training.trainer import AgentTrainer, TrainBatch
+from flexmarl.workloads.datasets import TaskStream, load_tasks
+
+
+def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
+    """Train every agent for ``steps`` (default ``cfg.train.steps``) synchronous steps; returns the weights.
+
+    Raises:
+        ValueError: the config asks for stale samples, which a synchronous loop never has.
+    """
+    if any(cfg.train.max_staleness or spec.max_staleness for spec in cfg.agents.values()):
+        raise ValueError("the reference loop is on-policy: set train.max_staleness=0")
+    model_dirs = {a: str(resolve_model(spec.model, seed=cfg.train.seed)) for a, spec in cfg.agents.items()}
+    graph = EpisodeGraph(cfg, {a: load_tokenizer(Path(d)) for a, d in model_dirs.items()})
+    trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
+    generators = {a: open_backend(d, 0, cfg.rollout) for a, d in model_dirs.items()}
+    trainers = {
+        a: AgentTrainer(a, model_dirs[a], trainer_cfg[a], temperature=spec.sampling.temperature,
+                        max_new_tokens=spec.sampling.max_new_tokens)
+        for a, spec in cfg.agents.items()
+    }
+    tasks = TaskStream(load_tasks(cfg.data), seed=cfg.data.seed)
+    group = cfg.train.group_size
+
+    for step in range(steps if steps is not None else cfg.train.steps):
+        # ---- generate all: node by node in graph order, every episode at once
+        inputs = tasks.batch(step, cfg.train.queries_per_step)
+        episodes = [Episode(task, j, step) for task in inputs for j in range(group)]
+        for node in graph.order:
+            agent = graph.agent_of[node]
+            todo = [ep for ep in episodes if node not in ep.skipped]  # a loop's early stop skips later turns
+            sampling = cfg.agents[agent].sampling
+            requests = []
+            for ep in todo:
+                sid = graph.sample_id(ep, node)
+                requests.append(GenerationRequest(sid, graph.prompt(ep, node), sampling.max_new_tokens,
+                                                  sampling.temperature, request_seed(cfg.train.seed, sid)))
+            for ep, request, result in zip(todo, requests, generators[agent].generate(requests), strict=True):
+                graph.record(ep, node, request.prompt_ids, result)
+
+        # ---- score: rewards, then advantages within each group (one query's episodes)
+        for q in range(len(inputs)):
+            score(episodes[q * group:(q + 1) * group], cfg, trainer_cfg)
+
+        # ---- train: each agent's whole batch, one optimizer step; then its generator gets the weights
+        for agent, trainer in trainers.items():
+            outputs = [o for ep in episodes if ep.error is None for o in ep.outputs.values() if o.agent == agent]
+            if trainer_cfg[agent].advantage == "agent":
+                scale_by_agent(outputs, eps=trainer_cfg[agent].adv_eps)
+            rewarded = sorted((o for o in outputs if o.reward is not None), key=lambda o: o.sample_id)
+            trainer.train_step(_batch(rewarded))
+            generators[agent].update_weights(WeightUpdate(agent, trainer.version, trainer.weights()))
+    return {agent: trainer.weights() for agent, trainer in trainers.items()}
+
+
+def _batch(outputs: list[NodeOutput]) -> TrainBatch:
+    return TrainBatch(
+        sample_ids=[o.sample_id for o in outputs],
+        prompt_ids=[o.prompt_ids for o in outputs],
+        response_ids=[o.result.response_ids for o in outputs],
+        logprobs=[o.result.logprobs for o in outputs],
+        advantages=[o.advantage for o in outputs],
+        versions=[o.result.policy_version for o in outputs],
+    )

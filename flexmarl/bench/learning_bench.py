@@ -58,7 +58,7 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))  # p inside, despite rounding
 
 
 EXPRESSION = re.compile(r"\d+(?:\.\d+)?|[-+*/()]")

@@ -136,7 +136,7 @@ def draw_learning(report: dict, path: Path) -> Path:
         for j, (value, (lo, hi), colour, label) in enumerate(
                 ((base, base_ci, "#9e9e9e", "base"), (trained, trained_ci, "#1976d2", "trained"))):
             right.bar(i * 3 + j, value, color=colour, label=label if i == 0 else None,
-                      yerr=[[value - lo], [hi - value]], capsize=4)
+                      yerr=[[max(value - lo, 0.0)], [max(hi - value, 0.0)]], capsize=4)
     right.set_xticks([i * 3 + 0.5 for i in range(len(bars))], [f"{b[0]}" for b in bars])
     right.legend()
     _label(right, f"solver accuracy, greedy (n={report['n_eval']} held-out)", "", "accuracy (95% Wilson)")

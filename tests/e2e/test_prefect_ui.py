@@ -28,6 +28,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
+from flexmarl.config import PRESETS
 from flows.prefect_server import free_port
 
 pytestmark = pytest.mark.e2e
@@ -168,7 +169,7 @@ def test_ui_shows_the_agent_metrics_and_the_training_parameters(deployed_worker:
         # the schema the UI form is built from: every training parameter typed, described, with its default
         props = deployment.parameter_openapi_schema["properties"]
         assert props["preset"]["default"] == "default"
-        assert {"enum": ["default", "tiny"], "type": "string"} in props["preset"]["anyOf"]
+        assert {"enum": list(PRESETS), "type": "string"} in props["preset"]["anyOf"]
         assert {"type": "string"} in props["config"]["anyOf"] and props["config"]["default"] is None
         assert {"type": "integer"} in props["steps"]["anyOf"] and props["steps"]["default"] is None
         assert {"items": {"type": "string"}, "type": "array"} in props["overrides"]["anyOf"]
@@ -258,11 +259,11 @@ def check_custom_run_form(page: Page, base: str, deployment_id: UUID, shots: Pat
         expect(buttons).to_have_text(types)
         expect(field(name).locator(".p-button-group button[aria-selected=true]")).to_have_text(selected)
         expect(field(name).locator(".schema-form-property__description")).not_to_be_empty()
-    # the deployment's values prefill the form: steps 2, and preset tiny, a choice of the two presets
+    # the deployment's values prefill the form: steps 2, and preset tiny, a choice of the shipped presets
     expect(field("steps").locator("input[type=number]")).to_have_value("2")
     expect(field("preset").locator(".p-select-button__value")).to_have_text("tiny")
     page.screenshot(path=shots / "custom-run.png", full_page=True)
     field("preset").locator("button.p-select-button__control").focus()
     page.keyboard.press("ArrowDown")  # opens the choices (a mouse click here toggles them twice)
-    expect(page.get_by_role("listbox").get_by_role("option")).to_have_text(["default", "tiny"])
+    expect(page.get_by_role("listbox").get_by_role("option")).to_have_text(list(PRESETS))
     page.keyboard.press("Escape")

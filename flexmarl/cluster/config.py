@@ -40,8 +40,6 @@ class ClusterConfig(Strict):
     @classmethod
     def _memory_parses(cls, limit: object) -> str:
         # Dask would only fail on this inside LocalCluster, after the Prefect server and the flow have started
-        from dask.utils import parse_bytes
-
         fix = "write a size such as '6GiB' or '500MB', a fraction of memory such as 0.5, or 'auto'"
         if isinstance(limit, bool) or not isinstance(limit, str | int | float):
             raise ValueError(f"must be a memory size; {fix}")
@@ -56,6 +54,8 @@ class ClusterConfig(Strict):
             if not (0 < number <= 1 or (number > 1 and number.is_integer())):
                 raise ValueError(f"{text!r} is neither a fraction in (0, 1] nor a whole number of bytes; {fix}")
             return text
+        from dask.utils import parse_bytes  # only for a size: reading a finished run's config imports no Dask
+
         try:
             size = parse_bytes(text)
         except (ValueError, TypeError):

@@ -281,7 +281,9 @@ def with_solver_budget(cfg: RunConfig, agent: str, max_new_tokens: int) -> RunCo
 def accuracy_figures(team: TeamScore) -> dict:
     """Correct answers, accuracy and its 95% Wilson interval."""
     n = len(team.solver)
-    return {"correct": team.correct, "n": n, "accuracy": team.accuracy, "interval": wilson_interval(team.correct, n)}
+    # a list, not a tuple: the report is what learning.json reads back as
+    return {"correct": team.correct, "n": n, "accuracy": team.accuracy,
+            "interval": list(wilson_interval(team.correct, n))}
 
 
 def run_learning_bench(

@@ -141,9 +141,14 @@ def train(
     from flexmarl.run.directory import RunDirectory
 
     done = Path(report["run_dir"])
-    files = write_report(RunDirectory(done), done / "report")
-    console.print(f"report: {done / 'report.json'}; pages: {files.html}", highlight=False)
-    console.print(f"reward picture: {files.pictures['rewards of all agents']}", highlight=False)
+    console.print(f"report: {done / 'report.json'}", highlight=False)
+    try:  # the run is done and saved: a picture that cannot be drawn is a warning, not a failed run
+        files = write_report(RunDirectory(done), done / "report")
+    except Exception as exc:  # noqa: BLE001 - any failure to draw leaves the finished run as it is
+        console.print(f"[yellow]warning:[/] no pictures ({type(exc).__name__}: {exc}); try `flexmarl report {done}`",
+                      highlight=False)
+        return
+    console.print(f"pages: {files.html}; reward picture: {files.pictures['rewards of all agents']}", highlight=False)
 
 
 def failure_lines(report: dict) -> list[str]:

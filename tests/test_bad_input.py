@@ -901,6 +901,7 @@ CLI_CASES: dict[str, Callable] = {
         t, '{"question": "1+1", "answer": "#### 2"}\n{"question": "2+2", "answer": "four"}\n', "data.jsonl")),
     "empty JSONL": lambda t, s: validate_tiny("data.path=" + text_file(t, "\n", "data.jsonl")),
     "unknown dataset": lambda t, s: validate_tiny("data.dataset=gsm_symbolc", "data.dataset_args={}"),
+    "micro-batch of partial groups": lambda t, s: validate_tiny("training.micro_batch_size=6"),
     "unknown dataset argument": lambda t, s: train_tiny(t, "--set", "data.dataset_args.max_termz=3"),
     "dataset refuses its arguments": lambda t, s: validate_tiny("data.dataset_args.max_terms=1"),
     "run directory cannot be written": lambda t, s: (t / "a-file").write_text("") or [

@@ -17,6 +17,7 @@ from pathlib import Path
 from flexmarl.config import RunConfig
 from flexmarl.models.loading import load_tokenizer, resolve_model
 from flexmarl.rollout.episodes import render_prompt
+from flexmarl.workloads.datasets import TaskItem, load_tasks
 
 
 @dataclass(frozen=True)
@@ -33,15 +34,12 @@ COSTS = {
 }
 
 
-def prompt_tokens(cfg: RunConfig, agent: str) -> int:
-    """Tokens of a typical prompt of ``agent``: its template on the first task, each parent's output a
-    full ``max_new_tokens`` of filler."""
-    from flexmarl.workloads.datasets import load_tasks
-
+def prompt_tokens(cfg: RunConfig, agent: str, task: TaskItem) -> int:
+    """Tokens of a typical prompt of ``agent``: its template on ``task``, each parent's output a full
+    ``max_new_tokens`` of filler."""
     spec = cfg.agents[agent]
     graph = cfg.graph.expanded
     node = next(n for n in cfg.nodes_of(agent))
-    task = load_tasks(cfg.data)[0]
     parents = {p: "x " * cfg.agents[graph.node(p).agent].sampling.max_new_tokens for p in graph.parents(node)}
     tok = load_tokenizer(Path(resolve_model(spec.model, seed=cfg.train.seed)))
     return len(render_prompt(tok, spec.prompt, spec.system, {**task.fields, **graph.render_fields(node, parents)}))
@@ -50,12 +48,13 @@ def prompt_tokens(cfg: RunConfig, agent: str) -> int:
 def estimate_run_s(cfg: RunConfig) -> float | None:
     """Seconds the run's steps should take on an otherwise idle 2-core machine; None for an unpriced model."""
     total = 0.0
+    task = load_tasks(cfg.data)[0]  # generated once: a reasoning-gym dataset costs seconds
     for agent, spec in cfg.agents.items():
         costs = COSTS.get(spec.model)
         if costs is None:
             return None
         new = spec.sampling.max_new_tokens
-        per_sample = new * costs.decode_s + (prompt_tokens(cfg, agent) + new) * costs.train_s
+        per_sample = new * costs.decode_s + (prompt_tokens(cfg, agent, task) + new) * costs.train_s
         total += cfg.samples_per_step(agent) * per_sample + costs.update_s
     return cfg.train.steps * total / max(cfg.cluster.n_workers, 1)
 

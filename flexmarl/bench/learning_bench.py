@@ -133,7 +133,7 @@ def verifier_agreement(verdicts: Sequence[str | None], truths: Sequence[bool]) -
         >>> verifier_agreement(["correct", "incorrect", None, "correct"], [True, True, False, False])
         0.25
     """
-    return verifier_figures(verdicts, truths)["agreement"] if truths else 0.0
+    return verifier_figures(verdicts, truths)["agreement"]
 
 
 @dataclass(frozen=True)

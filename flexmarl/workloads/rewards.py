@@ -34,17 +34,16 @@ def correct_answer(x: RewardInput) -> float:
     return float(_is_correct(x.parsed, x.task.answer))
 
 
+def parent_correct(x: RewardInput) -> bool:
+    """Whether the first parent's answer is right: the class a verdict on it is judged against."""
+    return bool(x.parents) and _is_correct(x.parsed_outputs.get(x.parents[0]), x.task.answer)
+
+
 def verdict_matches(x: RewardInput) -> float:
     """1.0 when the verdict on the first parent's answer matches whether that answer is right."""
     if x.parsed is None or not x.parents:
         return 0.0
-    truth = _is_correct(x.parsed_outputs.get(x.parents[0]), x.task.answer)
-    return float((x.parsed == "correct") == truth)
-
-
-def parent_correct(x: RewardInput) -> bool:
-    """Whether the first parent's answer is right: the class a verdict on it is judged against."""
-    return bool(x.parents) and _is_correct(x.parsed_outputs.get(x.parents[0]), x.task.answer)
+    return float((x.parsed == "correct") == parent_correct(x))
 
 
 def class_balanced(rewards: list[float], classes: list[object]) -> list[float]:

@@ -6,6 +6,7 @@ import pytest
 
 from flexmarl.config import load_config
 from flexmarl.estimate import describe_estimate, estimate_run_s, prompt_tokens
+from flexmarl.workloads.datasets import load_tasks
 
 
 def test_the_estimate_grows_with_steps_samples_and_tokens() -> None:
@@ -16,7 +17,8 @@ def test_the_estimate_grows_with_steps_samples_and_tokens() -> None:
     assert estimate_run_s(load_config(preset="tiny", overrides=["train.steps=10", "train.group_size=8"])) > seconds
     assert estimate_run_s(load_config(preset="tiny", overrides=["train.steps=10", "cluster.n_workers=4"])) < seconds
     # the verifier's prompt holds the solver's answer: longer than the solver's own
-    assert prompt_tokens(base, "verifier") > prompt_tokens(base, "solver")
+    task = load_tasks(base.data)[0]
+    assert prompt_tokens(base, "verifier", task) > prompt_tokens(base, "solver", task)
     assert describe_estimate(base).startswith("10 steps per agent: about ")
 
 

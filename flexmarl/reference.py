@@ -26,7 +26,7 @@ from flexmarl.rollout.episodes import Episode, EpisodeGraph, NodeOutput, request
 from flexmarl.rollout.replica import open_backend
 from flexmarl.rollout.scoring import scale_by_agent, score
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
-from flexmarl.workloads.datasets import TaskStream, load_tasks
+from flexmarl.workloads.datasets import task_stream
 
 
 def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
@@ -46,7 +46,7 @@ def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict
                         max_new_tokens=spec.sampling.max_new_tokens)
         for a, spec in cfg.agents.items()
     }
-    tasks = TaskStream(load_tasks(cfg.data), seed=cfg.data.seed)
+    tasks = task_stream(cfg.data)
     group = cfg.train.group_size
 
     for step in range(steps if steps is not None else cfg.train.steps):

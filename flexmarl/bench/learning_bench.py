@@ -26,7 +26,7 @@ from flexmarl.cluster.local import connect, open_cluster
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.evaluate import Answer, answer_node, held_out_tasks, latest_checkpoint
 from flexmarl.models.loading import resolve_model
-from flexmarl.workloads.datasets import DataConfig, TaskItem, TaskStream, load_tasks
+from flexmarl.workloads.datasets import DataConfig, TaskItem, load_tasks, task_stream
 
 # The GSM8K files of the project machine, beside the repository (never copied into it).
 GSM8K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
@@ -90,7 +90,7 @@ def disjoint_tasks(candidates: Sequence[TaskItem], served: Sequence[TaskItem], n
 
 def served_tasks(cfg: RunConfig) -> list[TaskItem]:
     """Every task the run's training stream serves: steps x queries_per_step, in order."""
-    stream = TaskStream(load_tasks(cfg.data), seed=cfg.data.seed)
+    stream = task_stream(cfg.data)
     return [t for step in range(cfg.train.steps) for t in stream.batch(step, cfg.train.queries_per_step)]
 
 

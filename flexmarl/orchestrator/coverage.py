@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from flexmarl.config import RunConfig
 from flexmarl.rollout.episodes import sample_id
 from flexmarl.rollout.scoring import trainable_samples
-from flexmarl.workloads.datasets import TaskStream, load_tasks
+from flexmarl.workloads.datasets import task_stream
 from storage.schema import SampleStatus
 from storage.store import EPISODES, UPDATES, ExperienceStore
 
@@ -42,7 +42,7 @@ class Coverage:
 
 def training_coverage(store: ExperienceStore, cfg: RunConfig) -> Coverage:
     """Compare what each agent's updates consumed with the run's plan (see the module docstring)."""
-    tasks = TaskStream(load_tasks(cfg.data), seed=cfg.data.seed)
+    tasks = task_stream(cfg.data)
     order = {node: turn for turn, node in enumerate(cfg.graph.expanded.order())}
     updates = store.read(UPDATES, columns=["agent", "policy_version", "consumed_ids"])
     episodes = store.read(EPISODES, columns=["episode_id", "node_status"])

@@ -33,7 +33,7 @@ from flexmarl.orchestrator.records import PipelineResult, UpdateEvent
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
 from flexmarl.training import slot, snapshots
-from flexmarl.workloads.datasets import TaskStream, load_tasks
+from flexmarl.workloads.datasets import load_tasks, task_stream
 from flexmarl.run.layout import ATTEMPTS_FILE, CHECKPOINTS_DIR, CONFIG_FILE, STATE_DIR, STORE_DIR
 from storage.store import ExperienceStore, error_summary
 
@@ -241,7 +241,7 @@ class Runtime:
             for a in self.cfg.agents
         }
         self.versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
-        self.tasks = TaskStream(load_tasks(self.cfg.data), seed=self.cfg.data.seed)
+        self.tasks = task_stream(self.cfg.data)
         self.timeout_s = self.cfg.rollout.request_timeout_s
         self.events: queue.Queue[UpdateEvent | None] = queue.Queue()
         self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / STATE_DIR)).rstrip("/")

@@ -242,3 +242,9 @@ class TaskStream:
                 task = TaskItem(f"{task.input_id}-e{epoch}", task.fields, task.answer, task.meta)
             out.append(task)
         return out
+
+
+def task_stream(data: DataConfig) -> TaskStream:
+    """The run's tasks in the order every part of it serves them: generated or read once, ordered by
+    ``data.seed`` (the runtime, its coverage check, the reference loop and the benches agree on it)."""
+    return TaskStream(load_tasks(data), seed=data.seed)

@@ -3,8 +3,14 @@
 Each worker keeps its engines in an ``EngineRegistry``, a Dask ``WorkerPlugin`` that ``register`` installs
 on every worker of a cluster, and that Dask installs again on each worker a nanny restarts; thread-based test
 clusters (several workers in one process) get one registry per worker. Its ``teardown`` frees the engines
-when the worker closes. Outside a worker (plain Python, tests) a process-wide dict is used. Engines are a cache of durable state: weights come from model directories or checkpoints and
-samples from the store, so a lost worker loses nothing that cannot be rebuilt.
+when the worker closes. Outside a worker (plain Python, tests) a process-wide registry is used. Engines are a
+cache of durable state: weights come from model directories or checkpoints and samples from the store, so a lost
+worker loses nothing that cannot be rebuilt.
+
+A run that ends releases its engines while a task it cancelled may still be queued or running on a worker
+(Dask cannot stop a running task). The registry keeps the released keys, so such a task ends quietly
+(``EngineReleased``, which ``timed_call`` turns into an empty result nobody waits for) instead of filling the
+worker's log with a traceback about an engine that "was never started".
 """
 
 from __future__ import annotations
@@ -18,7 +24,41 @@ import torch
 from distributed import Client, WorkerPlugin, get_worker
 
 PLUGIN = "flexmarl-engines"
-_LOCAL: dict[str, Any] = {}
+
+
+class EngineReleased(LookupError):
+    """The engine was released by its run's end: the task asking for it has no one waiting for its result."""
+
+
+class Engines(dict):
+    """A worker's engines by key, and the keys its runs released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: set[str] = set()
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.released.discard(key)  # started again (a resumed run on the same cluster)
+        super().__setitem__(key, value)
+
+    def lookup(self, key: str, missing: str) -> Any:
+        """The engine under ``key``; ``EngineReleased`` if its run released it, else ``RuntimeError(missing)``."""
+        try:
+            return self[key]
+        except KeyError:
+            if key in self.released:
+                raise EngineReleased(key) from None
+            raise RuntimeError(missing) from None
+
+    def release(self, keys: list[str]) -> None:
+        for k in keys:
+            close = getattr(self.pop(k), "close", None)
+            self.released.add(k)
+            if callable(close):  # a trainer lets go of what the process-wide Accelerator holds for it
+                close()
+
+
+_LOCAL = Engines()
 
 
 class EngineRegistry(WorkerPlugin):
@@ -28,11 +68,11 @@ class EngineRegistry(WorkerPlugin):
     idempotent = True  # a second client of the cluster (a resumed run) keeps the registry, and its engines
 
     def setup(self, worker: Any) -> None:
-        self.engines: dict[str, Any] = {}
+        self.engines = Engines()
         _limit_threads()
 
     def teardown(self, worker: Any) -> None:
-        _close(self.engines, list(self.engines))
+        self.engines.release(list(self.engines))
 
 
 def register(client: Client) -> None:
@@ -40,7 +80,7 @@ def register(client: Client) -> None:
     client.register_plugin(EngineRegistry())
 
 
-def engines() -> dict[str, Any]:
+def engines() -> Engines:
     """The calling worker's engine registry.
 
     Raises:
@@ -70,9 +110,15 @@ def _limit_threads() -> None:
 
 
 def timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float, float, str]:
-    """Run ``fn(*args)`` on this worker; return its value, wall-clock start and end, and the worker."""
+    """Run ``fn(*args)`` on this worker; return its value, wall-clock start and end, and the worker.
+
+    A task whose engine its run has released returns None: the run ended, and nobody reads the value.
+    """
     start = time.time()
-    value = fn(*args)
+    try:
+        value = fn(*args)
+    except EngineReleased:
+        value = None
     return value, start, time.time(), worker_address()
 
 
@@ -85,14 +131,7 @@ def release(prefix: str, dask_worker: Any = None) -> int:
         registry = engines()
     else:
         plugin = dask_worker.plugins.get(PLUGIN)
-        registry = plugin.engines if plugin is not None else {}
+        registry = plugin.engines if plugin is not None else Engines()
     keys = [k for k in registry if k.startswith(prefix)]
-    _close(registry, keys)
+    registry.release(keys)
     return len(keys)
-
-
-def _close(registry: dict[str, Any], keys: list[str]) -> None:
-    for k in keys:
-        close = getattr(registry.pop(k), "close", None)
-        if callable(close):  # a trainer lets go of what the process-wide Accelerator holds for it
-            close()

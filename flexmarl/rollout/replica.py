@@ -43,12 +43,9 @@ def start_replica(key: str, model_dir: str, version: int, rollout: RolloutConfig
 
 
 def replica(key: str) -> GenerationBackend:
-    try:
-        return engines()[_key(key)]
-    except KeyError:
-        raise RuntimeError(
-            f"no rollout replica {key!r} on worker {worker_address()}: it was never started or the worker restarted"
-        ) from None
+    return engines().lookup(
+        _key(key), f"no rollout replica {key!r} on worker {worker_address()}: it was never started or the worker "
+        "restarted")
 
 
 def generate(key: str, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -42,10 +42,7 @@ def start_trainer(
 
 
 def trainer(key: str) -> AgentTrainer:
-    try:
-        return engines()[_key(key)]
-    except KeyError:
-        raise RuntimeError(f"no trainer {key!r} on worker {worker_address()}") from None
+    return engines().lookup(_key(key), f"no trainer {key!r} on worker {worker_address()}")
 
 
 def activate(key: str) -> float:

@@ -7,7 +7,7 @@ from distributed import Client, LocalCluster
 
 from flexmarl.bench.swap_bench import same_state
 from flexmarl.cluster.local import submit_on
-from flexmarl.cluster.worker_state import register
+from flexmarl.cluster.worker_state import register, release, timed_call
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import HostCopy
@@ -56,3 +56,20 @@ def test_a_state_prefetched_by_another_worker_resumes_without_a_read_and_bit_exa
         assert same_state(before, submit_on(client, a, capture, KEY).result())
         with pytest.raises(RuntimeError, match=r"the state of 'solver' at .* is at v1, expected v2"):
             submit_on(client, b, slot.resume, KEY, str(tiny_dir), CONFIG, 1.0, 6, uri, 2).result()
+
+
+def test_a_task_that_reaches_a_worker_after_its_run_released_the_engines_ends_quietly(tiny_dir) -> None:
+    """A stopped run cancels its tasks and releases its engines, but Dask cannot stop a task already running:
+    such a task must not fail with "no trainer" (a traceback in the worker's log after a clean Ctrl-C)."""
+    with (LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+          Client(cluster) as client):
+        register(client)
+        (a,) = client.scheduler_info(n_workers=-1)["workers"]
+        with pytest.raises(RuntimeError, match="no trainer 'run-x/other' on worker"):  # never started: an error
+            submit_on(client, a, timed_call, capture, "run-x/other").result()
+        submit_on(client, a, slot.start_trainer, KEY, str(tiny_dir), CONFIG, 1.0, 6, 0).result()
+        assert client.run(release, "trainer:run-x/") == {a: 1}
+        value, _, _, worker = submit_on(client, a, timed_call, capture, KEY).result()
+        assert value is None and worker == a
+        submit_on(client, a, slot.start_trainer, KEY, str(tiny_dir), CONFIG, 1.0, 6, 0).result()  # the run resumed
+        assert submit_on(client, a, timed_call, capture, KEY).result()[0] is not None

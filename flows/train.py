@@ -2,8 +2,9 @@
 
 Start it with ``flexmarl train``, from a deployment (``prefect deployment run 'flexmarl-train/tiny'``) or
 from the Prefect UI. The flow only orchestrates: each task makes one coarse engine call; generation
-batches and micro-batches run on Dask inside the pipeline, and every agent update it finishes appears as
-an ``agent-update`` task run with its metrics.
+batches and micro-batches run on Dask inside the pipeline. Every agent update is its own ``agent-update``
+task run, from its step's admission until its weights are synced (or its agent's error), and the pipeline's
+commits, syncs, moves and recoveries are Prefect events (``tasks/updates.py``).
 
 ``resume=RUN_DIR`` continues a run that crashed or was stopped, from its store and training-state snapshots.
 A Prefect retry of the flow run (``train_run.with_options(retries=2)``) resumes the same way: the first
@@ -30,7 +31,8 @@ from flexmarl.tracking.tracker import RunTracker
 from flows.waiting import wait_for
 from tasks.engines import save_checkpoint, start_engines
 from tasks.pipeline import run_pipeline
-from tasks.publish import publish_report, publish_update, set_progress, start_progress
+from tasks.publish import publish_report, set_progress, start_progress
+from tasks.updates import UpdateBoard, update_row
 
 
 def resolve_config(
@@ -124,22 +126,27 @@ def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str |
             total = cfg.train.steps * len(cfg.agents)
             done = sum(min(v, cfg.train.steps) for v in Runtime.get(ctx).versions.values())  # resumed: done before
             events = Runtime.get(ctx).events
-            pipeline = run_pipeline.submit(ctx)
+            board, pipeline = UpdateBoard(run_id), run_pipeline.submit(ctx)
             # The pipeline ends its events with None; so does this callback, should the task die first.
             pipeline.add_done_callback(lambda _: events.put(None))
-            # Each agent update the pipeline finishes shows up as its own task run, as it happens, and goes
-            # to the experiment trackers from here, the driver.
+            # What the pipeline tells goes to Prefect (task runs per update, events) and each recorded update
+            # to the experiment trackers, from here, the driver.
             updates = []
             started = time.perf_counter()
             for event in iter(events.get, None):
-                updates.append(publish_update(event))
-                tracker.log_update(event)
+                if (update := board.on(event)) is None:
+                    continue
+                updates.append(update_row(update))
+                tracker.log_update(update)
                 set_progress(progress, done + len(updates), total)
                 left = (time.perf_counter() - started) / len(updates) * (total - done - len(updates))
                 logger.info("progress: %d of %d agent updates; about %.0f min left", done + len(updates), total,
                             left / 60)
-            result = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
-                              "rollout.request_timeout_s")
+            try:
+                result = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
+                                  "rollout.request_timeout_s")
+            finally:
+                board.close(None if pipeline.state.is_completed() else pipeline.state.message)
             if cfg.train.save_checkpoints:
                 for agent in cfg.agents:
                     save_checkpoint(ctx, agent)
@@ -150,6 +157,7 @@ def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str |
             if pipeline is not None:  # a failed flow stops its pipeline before anything resumes the run
                 Runtime.get(ctx).stop()
                 pipeline.wait(timeout=cfg.rollout.request_timeout_s)
+                board.close(pipeline.state.message or "the flow failed")  # a no-op if closed already
             Runtime.release(ctx)
 
 

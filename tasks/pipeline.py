@@ -13,8 +13,8 @@ from flexmarl.orchestrator.runtime import RunContext, Runtime
 def run_pipeline(ctx: RunContext) -> PipelineResult | State:
     """The whole rollout stream and every agent's micro-batch training, on Dask, for ``train.steps`` steps.
 
-    Generation batches and micro-batches are plain Dask tasks inside; each agent update it finishes is
-    published by the flow as its own ``agent-update`` task run. Stopped by the flow (Ctrl-C, SIGTERM, a
+    Generation batches and micro-batches are plain Dask tasks inside; the flow shows each agent update as its
+    own ``agent-update`` task run (``tasks/updates.py``). Stopped by the flow (Ctrl-C, SIGTERM, a
     failure elsewhere), it ends Cancelled: a stop on request, resumable from the store, is no task failure.
     """
     try:

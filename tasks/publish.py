@@ -12,10 +12,9 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
-from prefect.logging import get_run_logger
 
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.records import PipelineResult, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.report import build_report
 from flexmarl.orchestrator.runtime import RunContext
 from flexmarl.report.series import load_series
@@ -31,29 +30,6 @@ def start_progress() -> UUID:
 
 def set_progress(artifact_id: UUID, done: int, total: int) -> None:
     update_progress_artifact(artifact_id, progress=100.0 * done / total)
-
-
-@task(name="agent-update", cache_policy=NO_CACHE, task_run_name="update-{event.agent}-v{event.policy_version}")
-def publish_update(event: UpdateEvent) -> dict:
-    """One agent's optimizer step, as the UI shows it: reward, samples, tokens and loss of that update."""
-    row = {
-        "agent": event.agent,
-        "version": event.policy_version,
-        "mean_reward": event.mean_reward,
-        "samples": event.samples,
-        "tokens": event.tokens,
-        "at_s": round(event.finished_at, 2),
-        "staleness": event.staleness,
-        "queue_depth": event.queue_depth,
-        **{k: round(v, 6) for k, v in event.metrics.items()},
-    }
-    reward = "-" if event.mean_reward is None else f"{event.mean_reward:.3f}"
-    skipped = " | SKIPPED (loss not finite, weights untouched; lower training.lr or check the rewards)"
-    get_run_logger().info(
-        "%s v%d | reward %s | %d samples | %d tokens | t=%.1fs%s", event.agent, event.policy_version, reward,
-        event.samples, event.tokens, event.finished_at, skipped if event.skipped else "",
-    )
-    return row
 
 
 @task(name="publish-report", cache_policy=NO_CACHE)

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import pyarrow.compute as pc
 
 from flexmarl.config import RunConfig
+from flexmarl.orchestrator.records import MicroBatchCommitted
 from flexmarl.orchestrator.resume import StoredResult, StoredRollout
 from flexmarl.orchestrator.scheduler import Scheduler
 from flexmarl.orchestrator.tasks import Commit, MicroBatch, Request
@@ -108,12 +109,14 @@ class Collector:
 
     # ------------------------------------------------------------------ commits
 
-    def commit(self, sched: Scheduler, cmd: Commit) -> None:
+    def commit(self, sched: Scheduler, cmd: Commit) -> list[MicroBatchCommitted]:
+        """Append the command's micro-batches to the agent's sample table; returns what was committed."""
         episodes = self.episodes[cmd.step]
         g = self.cfg.train.group_size
         if cmd.whole_batch:  # agent-wise normalisation over the agent's whole batch
             scale_by_agent([o for ep in episodes for o in ep.outputs.values() if o.agent == cmd.agent],
                            eps=self.trainer_cfg[cmd.agent].adv_eps)
+        done = []
         for mb in cmd.batches:
             if mb.committed:  # restored from the store (a resumed run): committing again would duplicate it
                 continue
@@ -123,6 +126,8 @@ class Collector:
                 commit = self.store.append_samples(mb.agent, rows, app_id=f"rollout:{mb.agent}",
                                                    seq=self.seq[mb.agent])
             self._mark_committed(sched, mb, rows, commit.version, consumed=False)
+            done.append(MicroBatchCommitted(mb.agent, mb.step, rows.num_rows, len(mb.data[1]), commit.version))
+        return done
 
     def _mark_committed(self, sched: Scheduler, mb: MicroBatch, rows, version: int, *, consumed: bool) -> None:
         """The rows of ``mb`` are in the store at ``version``: what its trainer reads, and the update's stats."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from distributed import Client, Future, fire_and_forget
@@ -27,7 +28,9 @@ from flexmarl.cluster.worker_state import timed_call
 from flexmarl.config import RunConfig
 from flexmarl.orchestrator.collector import Collector
 from flexmarl.orchestrator.policy import SchedulePolicy
-from flexmarl.orchestrator.records import PipelineResult, Span, StateMove, UpdateEvent
+from flexmarl.orchestrator.records import (
+    AgentFailed, PipelineEvent, PipelineResult, Span, StateMove, StepOpened, UpdateEvent, WeightSynced,
+)
 from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
 from flexmarl.orchestrator.supervisor import Supervisor
 from flexmarl.orchestrator.tasks import (
@@ -85,7 +88,9 @@ class PipelineRunner:
         state_uri: a directory or fsspec URI where training states are parked when they move between workers.
         versions: per agent, the starting policy version.
         tasks: the task stream.
-        on_update: called in the loop's thread after each agent update is recorded.
+        on_event: called in the loop's thread with what happens as it happens (``records.PipelineEvent``: steps
+            opened, micro-batches committed, updates recorded, weights synced, slots and states moved,
+            recoveries, and the agent whose task is about to fail the run).
         train: False samples and commits the steps' episodes without training (the rollout benchmark).
         snapshot_root: where each agent's training state is written after each update (a directory or URI
             under ``training.state_uri``); None writes none, and then a lost trainer past version 0 cannot be
@@ -98,11 +103,11 @@ class PipelineRunner:
         self, *, client: Client, cfg: RunConfig, policy: SchedulePolicy, store: ExperienceStore, run_key: str,
         tokenizers: dict, engines: dict[str, list[str]], rollout_slots: list[tuple[str, str]],
         trainers: dict[str, str], slots: list[str], model_dirs: dict[str, str], state_uri: str | Path,
-        versions: dict[str, int], tasks: TaskStream, on_update: Callable[[UpdateEvent], None] | None = None,
+        versions: dict[str, int], tasks: TaskStream, on_event: Callable[[PipelineEvent], None] | None = None,
         train: bool = True, snapshot_root: str | None = None, on_submit: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.client, self.cfg, self.store = client, cfg, store
-        self.run_key, self.on_update, self.on_submit = run_key, on_update, on_submit
+        self.run_key, self.on_event, self.on_submit = run_key, on_event, on_submit
         self.model_dirs, self.snapshot_root = model_dirs, snapshot_root
         self.state_uri = str(state_uri).rstrip("/")
         self.sched = build_scheduler(cfg, policy, rollout_slots=rollout_slots, engines=engines, slots=slots,
@@ -127,6 +132,7 @@ class PipelineRunner:
         self.state_moves: list[StateMove] = []
         self.store_read_s = 0.0
         self.stop_requested = threading.Event()
+        self.told = {"moves": 0, "recoveries": 0, "recovered": 0}  # how many of each list `on_event` has seen
 
     @property
     def versions(self) -> dict[str, int]:
@@ -153,9 +159,11 @@ class PipelineRunner:
             self._carry_out()
             while (step := sched.admissible()) is not None:
                 self.collector.open_step(sched, step)
+                self._notify(StepOpened(step, tuple(a for a, v in self.versions.items() if self.sched.train and v <= step)))
                 self._carry_out()
             sched.dispatch(time.time() - self.t0)
             self._carry_out()
+            self._notify_lists()
             if not sched.inflight and not sched.recovery.waiting:
                 if sched.is_finished(target):
                     break
@@ -164,7 +172,8 @@ class PipelineRunner:
             if fut is None or fut not in self.task_of:  # the supervisor acted, or the task was given up
                 continue
             try:
-                value = fut.result(timeout=RESULT_WAIT_S)  # re-raises a task's error here, in the driver
+                with self._blame(self.task_of[fut]):
+                    value = fut.result(timeout=RESULT_WAIT_S)  # re-raises a task's error here, in the driver
             except (TimeoutError, DaskTimeoutError):
                 self.supervisor.poll(force=True)  # the worker holding the value died: its work is redone
                 if fut in self.task_of:
@@ -176,7 +185,8 @@ class PipelineRunner:
             task = self.task_of[fut]
             self.supervisor.proven.add(task.worker)
             self._forget(task)
-            self._handle(task, value)
+            with self._blame(task):
+                self._handle(task, value)
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         c = self.collector
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, c.tokens,
@@ -187,6 +197,33 @@ class PipelineRunner:
     def stop(self) -> None:
         """Ask the loop to stop at its next turn (from another thread); it raises ``PipelineStopped``."""
         self.stop_requested.set()
+
+    # ------------------------------------------------------------------ what the caller is told
+
+    def _notify(self, event: PipelineEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _notify_lists(self) -> None:
+        """Tell the balancer's slot moves and the recoveries (opened and closed) not told yet."""
+        moves = self.sched.balancer.moves if self.sched.balancer else []
+        recoveries = self.sched.recovery.recoveries
+        recovered = [r for r in recoveries if r.recovered_at is not None]
+        for event in [*moves[self.told["moves"]:], *recoveries[self.told["recoveries"]:],
+                      *recovered[self.told["recovered"]:]]:
+            self._notify(event)
+        self.told = {"moves": len(moves), "recoveries": len(recoveries), "recovered": len(recovered)}
+
+    @contextmanager
+    def _blame(self, task: Task) -> Iterator[None]:
+        """An error raised while finishing ``task`` fails the run: tell whose task it was, then let it go on."""
+        try:
+            yield
+        except PipelineStopped:
+            raise
+        except Exception as exc:
+            self._notify(AgentFailed(task.agent, f"{type(exc).__name__}: {exc}"))
+            raise
 
     def _forget(self, task: Task) -> Future | None:
         fut = self.futures.pop(id(task), None)
@@ -216,7 +253,8 @@ class PipelineRunner:
             late = [f for f, d in {**self.sync_deadlines, **self.generate_deadlines}.items() if d <= now]
             if late:
                 task = self.task_of[late[0]]
-                self.supervisor.restart({task.worker}, self._late_message(task), self._late_error(task))
+                with self._blame(task):
+                    self.supervisor.restart({task.worker}, self._late_message(task), self._late_error(task))
                 self.last_progress = time.time()
                 return None
             timed = self.sync_deadlines or self.generate_deadlines  # they end by their own deadlines
@@ -246,7 +284,8 @@ class PipelineRunner:
             elif isinstance(cmd, GroupDone):
                 self.collector.score_group(cmd.step, cmd.query)
             elif isinstance(cmd, Commit):
-                self.collector.commit(self.sched, cmd)
+                for event in self.collector.commit(self.sched, cmd):
+                    self._notify(event)
             elif isinstance(cmd, StepDone):
                 self.collector.step_done(cmd.step)
             elif isinstance(cmd, RecordUpdate):
@@ -368,7 +407,10 @@ class PipelineRunner:
                 self.spans.append(Span(task.worker, "swap", task.agent, p_start, p_end, background=True))
             self.state_moves.append(StateMove(task.agent, task.worker, value["load_s"], value["prefetch"] is not None,
                                               prefetch_s))
-        sched.done(task, value)
+            self._notify(self.state_moves[-1])
+        if sched.done(task, value) and isinstance(task, Sync):
+            self._notify(WeightSynced(task.agent, task.version, task.worker, end - start,
+                                      sched.pending_syncs[task.agent] == 0))
         if task.kind in (TaskKind.RESTORE, TaskKind.START_REPLICA, TaskKind.CATCH_UP):
             sched.recovery.check_recovered(time.time())
 
@@ -393,5 +435,4 @@ class PipelineRunner:
         if self.snapshot_root is not None:  # keep the state just written and the one before it
             snapshots.prune_snapshots(self.snapshot_root, agent, result.policy_version - 1,
                                       self.cfg.training.state_storage_options)
-        if self.on_update is not None:
-            self.on_update(event)
+        self._notify(event)

@@ -24,6 +24,44 @@ class Span:
 
 
 @dataclass(frozen=True)
+class StepOpened:
+    """A step was admitted: each of ``agents`` will make one update from it (policy version ``step + 1``)."""
+
+    step: int
+    agents: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MicroBatchCommitted:
+    """A micro-batch's samples are in the agent's sample table at ``store_version``."""
+
+    agent: str
+    step: int
+    samples: int  # rows committed
+    trained: int  # of those, the ones its trainer learns from (dynamic sampling drops zero-variance groups)
+    store_version: int
+
+
+@dataclass(frozen=True)
+class WeightSynced:
+    """A replica of ``agent`` holds the weights of ``version``; ``all_synced``: it was the last one to."""
+
+    agent: str
+    version: int
+    worker: str
+    seconds: float
+    all_synced: bool
+
+
+@dataclass(frozen=True)
+class AgentFailed:
+    """The pipeline fails on a task of ``agent``; it raises ``error`` right after this notice."""
+
+    agent: str
+    error: str
+
+
+@dataclass(frozen=True)
 class UpdateEvent:
     agent: str
     step: int
@@ -57,6 +95,10 @@ class Recovery:
     cause: str  # "lost", or "hung: <why>"
     detected_at: float  # wall-clock time
     recovered_at: float | None = None  # lost trainers rebuilt, every agent has a replica; None if never
+
+
+# What the pipeline tells its caller as it runs (``PipelineRunner(on_event=...)``), in the loop's thread.
+PipelineEvent = StepOpened | MicroBatchCommitted | WeightSynced | AgentFailed | UpdateEvent | StateMove | Recovery | Move
 
 
 @dataclass

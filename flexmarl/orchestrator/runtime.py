@@ -29,7 +29,7 @@ from flexmarl.cluster.worker_state import release
 from flexmarl.config import ConfigError, RunConfig, dump_config, load_config
 from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
 from flexmarl.orchestrator.pipeline import PipelineRunner
-from flexmarl.orchestrator.records import PipelineResult, UpdateEvent
+from flexmarl.orchestrator.records import PipelineEvent, PipelineResult
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
 from flexmarl.training import slot, snapshots
@@ -243,7 +243,7 @@ class Runtime:
         self.versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
         self.tasks = task_stream(self.cfg.data)
         self.timeout_s = self.cfg.rollout.request_timeout_s
-        self.events: queue.Queue[UpdateEvent | None] = queue.Queue()
+        self.events: queue.Queue[PipelineEvent | None] = queue.Queue()
         self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / STATE_DIR)).rstrip("/")
         self.snapshot_root = f"{self.state_uri}/{snapshots.SNAPSHOTS}" if self.cfg.train.save_state else None
         self.stop_requested = threading.Event()
@@ -302,7 +302,8 @@ class Runtime:
     def run(
         self, *, train: bool = True, on_submit: Callable[[str, str, str], None] | None = None
     ) -> PipelineResult:
-        """Run every agent's updates under the configured schedule; each update is also put on ``events``.
+        """Run every agent's updates under the configured schedule; what happens is put on ``events``
+        (``records.PipelineEvent``, then None).
 
         ``train=False`` only samples (and commits) the steps' episodes: the rollout benchmark. ``on_submit`` is
         called with (kind, agent, worker) after each task the pipeline submits (fault injection).
@@ -311,7 +312,7 @@ class Runtime:
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
             run_key=self.ctx.run_id, tokenizers=self.tokenizers, engines=self.engines,
             rollout_slots=self.rollout_slots, trainers=self.trainers, slots=self.slots, model_dirs=self.model_dirs,
-            state_uri=self.state_uri, versions=self.versions, tasks=self.tasks, on_update=self.events.put,
+            state_uri=self.state_uri, versions=self.versions, tasks=self.tasks, on_event=self.events.put,
             train=train, snapshot_root=self.snapshot_root if train else None, on_submit=on_submit,
         )
         runner.stop_requested = self.stop_requested

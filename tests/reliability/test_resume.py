@@ -78,16 +78,16 @@ def test_a_prefect_retry_of_the_flow_run_resumes_it(
 ) -> None:
     import flows.train as train_flow
 
-    publish = train_flow.publish_update
+    row = train_flow.update_row
     published = []
 
     def fails_once(event):  # fault injection: the first attempt fails after its second agent update
         published.append(event)
         if len(published) == 2:
             raise RuntimeError("injected fault: the flow run's first attempt fails")
-        return publish(event)
+        return row(event)
 
-    monkeypatch.setattr(train_flow, "publish_update", fails_once)
+    monkeypatch.setattr(train_flow, "update_row", fails_once)
     run_dir = tmp_path / "run"
     report = train_flow.train_run.with_options(retries=1, retry_delay_seconds=0)(
         preset="tiny", overrides=settings, run_dir=str(run_dir)

@@ -35,6 +35,36 @@ from storage.config import StoreConfig
 PRESETS = ("default", "tiny", "fan_out", "copy")
 Preset = Literal[PRESETS]  # the same list, as a type: the flow's parameter and the CLI check it
 
+# The settings the training flow offers as typed fields of its run form (parameter -> config key); the flow's
+# signature holds the same names with the config fields' types, and ``run_overrides`` turns them into
+# ``--set``-style overrides, so the config validates them as it validates everything else.
+RUN_FORM_SETTINGS: dict[str, str] = {
+    "steps": "train.steps",
+    "mode": "train.mode",
+    "queries_per_step": "train.queries_per_step",
+    "group_size": "train.group_size",
+    "max_staleness": "train.max_staleness",
+    "lr": "training.lr",
+    "loss_type": "training.loss_type",
+    "backend": "rollout.backend",
+}
+
+
+def run_overrides(overrides: list[str] | None, dask_address: str | None = None, **settings: Any) -> list[str]:
+    """``overrides`` followed by one ``key=value`` per run-form setting given (not None) and the cluster address.
+
+    Raises:
+        TypeError: a setting that is not in ``RUN_FORM_SETTINGS``.
+    """
+    unknown = sorted(set(settings) - set(RUN_FORM_SETTINGS))
+    if unknown:
+        raise TypeError(f"not run-form settings: {unknown}")
+    extra = list(overrides or [])
+    extra += [f"{RUN_FORM_SETTINGS[name]}={value}" for name, value in settings.items() if value is not None]
+    if dask_address:
+        extra.append(f"cluster.address={dask_address}")
+    return extra
+
 
 class ConfigError(ValueError):
     """An invalid config; the message names the source, each bad field and the fix."""

@@ -71,7 +71,7 @@ def train(
 ) -> None:
     """Train the agents of a MEG (a Prefect flow run on a Dask cluster)."""
     from flexmarl.cluster.local import connect
-    from flexmarl.config import ConfigError, load_config
+    from flexmarl.config import ConfigError, load_config, run_overrides
     from flexmarl.orchestrator.runtime import check_new_run_dir, resume_config
     from flexmarl.preflight import check_inputs, check_run_location
     from flexmarl.run_lock import run_lock
@@ -85,7 +85,7 @@ def train(
     stop_on_sigterm(run_dir)
     errors = user_errors()
     try:  # everything that can be checked, before anything is written or started
-        overrides = [*(set_ or []), *([f"cluster.address={dask_address}"] if dask_address else [])]
+        overrides = run_overrides(set_, dask_address)
         if resume is not None:
             try:
                 cfg = resume_config(resume, overrides)

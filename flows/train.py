@@ -21,38 +21,25 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flexmarl.cluster.local import open_cluster
-from flexmarl.config import Preset, RunConfig, config_summary, load_config
+from flexmarl.config import Preset, RunConfig, config_summary, load_config, run_overrides
 from flexmarl.estimate import describe_estimate
+from flexmarl.orchestrator.config import TrainMode
 from flexmarl.orchestrator.runtime import CONFIG_FILE, RunContext, Runtime, attempts, prepare_run, resume_config
 from flexmarl.preflight import check_inputs
+from flexmarl.rollout.config import Backend
 from flexmarl.run_lock import run_lock
 from flexmarl.run_start import check_resumable, clear_failed_start
 from flexmarl.tracking.tracker import RunTracker
+from flexmarl.training.config import LossType
 from flows.waiting import wait_for
 from tasks.engines import save_checkpoint, start_engines
 from tasks.pipeline import run_pipeline
-from tasks.publish import publish_report, set_progress, start_progress
+from tasks.publish import publish_meg, publish_report, set_progress, start_progress
 from tasks.updates import UpdateBoard, update_row
 
 
-def resolve_config(
-    config: str | None, preset: str | None, overrides: list[str] | None, steps: int | None, dask_address: str | None
-) -> RunConfig:
-    extra = list(overrides or [])
-    if steps is not None:
-        extra.append(f"train.steps={steps}")
-    if dask_address:
-        extra.append(f"cluster.address={dask_address}")
-    return load_config(config, preset=None if config else (preset or "default"), overrides=extra)
-
-
-def resume_overrides(overrides: list[str] | None, steps: int | None, dask_address: str | None) -> list[str]:
-    extra = list(overrides or [])
-    if steps is not None:
-        extra.append(f"train.steps={steps}")
-    if dask_address:
-        extra.append(f"cluster.address={dask_address}")
-    return extra
+def resolve_config(config: str | None, preset: str | None, overrides: list[str]) -> RunConfig:
+    return load_config(config, preset=None if config else (preset or "default"), overrides=overrides)
 
 
 def default_run_dir() -> str:
@@ -66,6 +53,13 @@ def train_run(
     preset: Preset | None = "default",
     config: str | None = None,
     steps: int | None = None,
+    mode: TrainMode | None = None,
+    queries_per_step: int | None = None,
+    group_size: int | None = None,
+    max_staleness: int | None = None,
+    lr: float | None = None,
+    loss_type: LossType | None = None,
+    backend: Backend | None = None,
     overrides: list[str] | None = None,
     run_dir: str | None = None,
     dask_address: str | None = None,
@@ -73,12 +67,26 @@ def train_run(
 ) -> dict:
     """Train every agent of a MEG with GRPO.
 
+    The settings between ``steps`` and ``backend`` are the config's own (``RUN_FORM_SETTINGS`` in
+    flexmarl/config.py names their keys); left empty, the config's value holds. docs/configuration.md
+    describes each.
+
     Args:
-        preset: a shipped config, 'default' (SmolLM2-135M solver -> verifier on GSM-style problems) or
-            'tiny' (a tiny model, for tests); used when ``config`` is not given.
+        preset: a shipped config (flexmarl/presets/): 'default' (SmolLM2-135M solver -> verifier on chain sums),
+            'tiny' (a tiny model, for tests), 'fan_out' or 'copy'; used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
-        steps: optimizer steps per agent (overrides ``train.steps``; default: the config's own).
-        overrides: ``dotted.key=value`` settings, e.g. ``["training.lr=1e-5", "train.mode=sync"]``.
+        steps: optimizer steps per agent (train.steps).
+        mode: 'flexmarl' (agents on their own clocks, micro-batches trained as they are committed) or 'sync'
+            (the baseline: generate everything, barrier, train) (train.mode).
+        queries_per_step: task inputs per step (train.queries_per_step).
+        group_size: samples per input, the GRPO group (train.group_size).
+        max_staleness: versions a sample's generator may lag the trained weights; 0 is on-policy
+            (train.max_staleness).
+        lr: the agents' learning rate (training.lr).
+        loss_type: 'grpo', 'dapo' or 'dr_grpo': how token losses are averaged (training.loss_type).
+        backend: rollout generation backend, 'hf' or 'vllm' (rollout.backend).
+        overrides: any other ``dotted.key=value`` settings, e.g. ``["training.clip_eps=0.1"]``; the typed
+            fields above are applied after them.
         run_dir: where the store, checkpoints and report go (default ``runs/<time>``).
         dask_address: an existing Dask scheduler; default starts a LocalCluster.
         resume: the run directory of a run to continue; it takes the place of ``preset``, ``config`` and
@@ -92,19 +100,21 @@ def train_run(
     t0 = time.perf_counter()
     run_dir = resume or run_dir or default_run_dir()
     with run_lock(run_dir):  # one run at a time in a directory; `flexmarl train` holds it already (re-entrant)
-        return _train(run_dir, t0, logger, config=config, preset=preset, steps=steps, overrides=overrides,
-                      dask_address=dask_address, resume=resume)
+        extra = run_overrides(overrides, dask_address, steps=steps, mode=mode, queries_per_step=queries_per_step,
+                              group_size=group_size, max_staleness=max_staleness, lr=lr, loss_type=loss_type,
+                              backend=backend)
+        return _train(run_dir, t0, logger, config=config, preset=preset, overrides=extra, resume=resume)
 
 
-def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str | None, steps: int | None,
-           overrides: list[str] | None, dask_address: str | None, resume: str | None) -> dict:
+def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str | None, overrides: list[str],
+           resume: str | None) -> dict:
     # a retry of this flow run continues the run its earlier attempt started, never someone else's
     retried = flow_run.run_count > 1 and any(by == flow_run.id for _, by in attempts(run_dir))
     if resume or retried:
-        cfg = resume_config(run_dir, resume_overrides(overrides, steps, dask_address))
+        cfg = resume_config(run_dir, overrides)
         check_resumable(cfg, run_dir)  # never train on a store that fails `flexmarl store verify`
     else:
-        cfg = resolve_config(config, preset, overrides, steps, dask_address)
+        cfg = resolve_config(config, preset, overrides)
         if clear_failed_start(run_dir):
             logger.info("%s: took over an earlier start that failed before its first commit", run_dir)
     check_inputs(cfg)  # models and data, before the cluster starts (done once per process and config)
@@ -113,6 +123,7 @@ def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str |
     logger.info("%s %s in %s: %s; resolved config: %s", what, run_id, Path(run_dir).resolve(), config_summary(cfg),
                 Path(run_dir).resolve() / CONFIG_FILE)
     logger.info("%s", describe_estimate(cfg))
+    publish_meg(cfg, run_dir)
 
     tracker = RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg)  # checks before the cluster
     with open_cluster(cfg.cluster) as address, tracker:

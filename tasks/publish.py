@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from uuid import UUID
 
 from prefect import task
 from prefect.artifacts import (
+    create_image_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
@@ -17,11 +19,24 @@ from flexmarl.config import RunConfig
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.report import build_report
 from flexmarl.orchestrator.runtime import RunContext
+from flexmarl.report.meg_picture import draw_run_meg
+from flexmarl.report.pictures import draw_rewards
 from flexmarl.report.series import load_series
 from flexmarl.report.summary import agent_rows, render_summary
 from flexmarl.run.timeline_file import write_timeline
 from flexmarl.run.directory import RunDirectory
-from flexmarl.run.layout import REPORT_FILE, TIMELINE_FILE
+from flexmarl.run.layout import MEG_PICTURE, REPORT_FILE, REWARDS_PICTURE, TIMELINE_FILE
+
+
+def png_data_url(path: Path) -> str:
+    """A PNG inlined as a data URL: the flow run's artifacts show it without any file server."""
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def publish_meg(cfg: RunConfig, run_dir: str) -> None:
+    """The run's multi-agent execution graph, drawn as the rollout runs it, as the ``meg`` image artifact."""
+    picture = draw_run_meg(cfg, Path(run_dir, MEG_PICTURE))
+    create_image_artifact(png_data_url(picture), key="meg", description="The multi-agent execution graph")
 
 
 def start_progress() -> UUID:
@@ -49,4 +64,7 @@ def publish_report(
     summary = render_summary(run, series, report=report, timeline=result)
     summary += f"\nPictures: `flexmarl report {ctx.run_dir}`\n"
     create_markdown_artifact(summary, key="run-summary", description="Run summary")
+    rewards = draw_rewards(list(series.values()), Path(ctx.run_dir, REWARDS_PICTURE))
+    create_image_artifact(png_data_url(rewards), key="agent-rewards",
+                          description="Each agent's mean reward by step and over wall time")
     return report

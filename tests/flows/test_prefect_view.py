@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from concurrent.futures import Future
 
@@ -102,3 +103,17 @@ def test_an_update_waits_for_its_weights_to_reach_every_replica(prefect_api) -> 
 
     pipeline_told()
     assert outcome_seen == [False, True]
+
+
+def test_the_flow_run_shows_the_graph_and_the_agents_rewards_as_pictures(tiny_run) -> None:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[tiny_run.flow_run_id])))
+    images = {a.key: a.data for a in artifacts if a.type == "image"}
+    assert set(images) >= {"meg", "agent-rewards"}, {a.key: a.type for a in artifacts}
+    for key, url in images.items():
+        head, data = url.split(",", 1)
+        assert head == "data:image/png;base64" and base64.b64decode(data).startswith(b"\x89PNG"), key
+    assert (tiny_run.run_dir / "meg.png").exists() and (tiny_run.run_dir / "rewards.png").exists()

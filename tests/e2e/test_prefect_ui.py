@@ -26,7 +26,14 @@ import psutil
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    FlowRunFilter,
+    FlowRunFilterId,
+    TaskRunFilter,
+    TaskRunFilterName,
+)
 
 from flexmarl.config import PRESETS
 from flows.prefect_server import free_port
@@ -173,14 +180,16 @@ def test_ui_shows_the_agent_metrics_and_the_training_parameters(deployed_worker:
         assert {"type": "string"} in props["config"]["anyOf"] and props["config"]["default"] is None
         assert {"type": "integer"} in props["steps"]["anyOf"] and props["steps"]["default"] is None
         assert {"items": {"type": "string"}, "type": "array"} in props["overrides"]["anyOf"]
-        assert all(props[name]["description"] for name in ("preset", "config", "steps", "overrides"))
+        assert {"enum": ["flexmarl", "sync"], "type": "string"} in props["mode"]["anyOf"]  # typed from the config
+        assert {"type": "number"} in props["lr"]["anyOf"] and props["lr"]["default"] is None
+        assert all(props[name]["description"] for name in ("preset", "config", "steps", "mode", "lr", "overrides"))
         assert deployment.parameters == {"preset": "tiny", "steps": 2}
         assert deployment.enforce_parameter_schema and deployment.work_pool_name == POOL
 
         flow_run = client.create_flow_run_from_deployment(
             deployment.id,
-            parameters={"steps": 1, "run_dir": str(run_dir),
-                        "overrides": ["train.queries_per_step=2", "train.group_size=4"]},
+            parameters={"steps": 2, "run_dir": str(run_dir), "mode": "flexmarl", "queries_per_step": 2,
+                        "group_size": 4},
         )
 
         def finished():
@@ -195,7 +204,15 @@ def test_ui_shows_the_agent_metrics_and_the_training_parameters(deployed_worker:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]))
         )
-        assert "agent-metrics" in {a.key for a in artifacts}
+        assert {"agent-metrics", "meg", "agent-rewards"} <= {a.key for a in artifacts}
+        # the run graph: a task run per agent update, the two agents' updates overlapping in time
+        updates = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="update-")))
+        spans = {r.name: (r.expected_start_time, r.end_time) for r in updates if r.state.is_completed()}
+        assert sorted(spans) == [f"update-{a}-v{v}" for a in ("solver", "verifier") for v in (1, 2)]
+        (s0, s1), (v0, v1) = spans["update-solver-v1"], spans["update-verifier-v1"]
+        assert s0 < v1 and v0 < s1
 
     agents = list(json.loads((run_dir / "report.json").read_text())["agents"])
     assert sorted(agents) == ["solver", "verifier"]
@@ -211,6 +228,7 @@ def test_ui_shows_the_agent_metrics_and_the_training_parameters(deployed_worker:
                 page = browser.new_page()
                 page.set_default_timeout(UI_TIMEOUT_MS)
                 check_metrics_table(page, base, flow_run.id, agents, shots)
+                check_graph_picture(page, base, flow_run.id, shots)
                 check_custom_run_form(page, base, deployment.id, shots)
             finally:
                 browser.close()
@@ -220,7 +238,8 @@ def test_ui_shows_the_agent_metrics_and_the_training_parameters(deployed_worker:
         shutil.rmtree(keep, ignore_errors=True)
         shutil.copytree(shots, keep)
 
-    assert {p.name for p in shots.iterdir()} == {"flow-run-artifacts.png", "agent-metrics.png", "custom-run.png"}
+    assert {p.name for p in shots.iterdir()} == {"flow-run-artifacts.png", "agent-metrics.png", "meg.png",
+                                                 "custom-run.png"}
 
 
 def check_metrics_table(page: Page, base: str, flow_run_id: UUID, agents: list[str], shots: Path) -> None:
@@ -240,6 +259,18 @@ def check_metrics_table(page: Page, base: str, flow_run_id: UUID, agents: list[s
     page.screenshot(path=shots / "agent-metrics.png", full_page=True)
 
 
+def check_graph_picture(page: Page, base: str, flow_run_id: UUID, shots: Path) -> None:
+    """Flow run page -> Artifacts tab -> the `meg` card -> the graph's picture, drawn in the page."""
+    page.goto(f"{base}/runs/flow-run/{flow_run_id}")
+    page.get_by_role("tablist").get_by_text("Artifacts", exact=True).click()
+    page.get_by_text("meg", exact=True).click()
+    expect(page).to_have_url(re.compile(r"/artifacts/artifact/[0-9a-f-]+$"))
+    picture = page.locator("img[src^='data:image/png']").first
+    expect(picture).to_be_visible()
+    assert picture.evaluate("img => img.naturalWidth") > 100  # decoded, not a broken image
+    page.screenshot(path=shots / "meg.png", full_page=True)
+
+
 def check_custom_run_form(page: Page, base: str, deployment_id: UUID, shots: Path) -> None:
     """Deployment page -> Run -> Custom run: each training parameter with its type choices and prefilled value."""
     page.goto(f"{base}/deployments/deployment/{deployment_id}")
@@ -253,7 +284,8 @@ def check_custom_run_form(page: Page, base: str, deployment_id: UUID, shots: Pat
 
     # (parameter, the type buttons the form offers, the one selected) - selected "None" means left unset
     expected = [("preset", ["str", "None"], "str"), ("config", ["str", "None"], "None"),
-                ("steps", ["int", "None"], "int"), ("overrides", ["list", "None"], "None")]
+                ("steps", ["int", "None"], "int"), ("mode", ["str", "None"], "None"),
+                ("overrides", ["list", "None"], "None")]
     for name, types, selected in expected:
         buttons = field(name).locator(".p-button-group button")
         expect(buttons).to_have_text(types)

@@ -35,7 +35,7 @@ from flows.waiting import wait_for
 from tasks.engines import save_checkpoint, start_engines
 from tasks.pipeline import run_pipeline
 from tasks.publish import publish_meg, publish_report, set_progress, start_progress
-from tasks.updates import UpdateBoard, update_row
+from tasks.updates import UpdateBoard, emit_run_failed, update_row
 
 
 def resolve_config(config: str | None, preset: str | None, overrides: list[str]) -> RunConfig:
@@ -125,6 +125,15 @@ def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str |
     logger.info("%s", describe_estimate(cfg))
     publish_meg(cfg, run_dir)
 
+    try:  # a failure from here on leaves a run to resume: `flexmarl.run.failed` says where
+        return _run(cfg, run_id, store_uri, run_dir, t0, logger)
+    except Exception as exc:  # a stop on request (Ctrl-C, SIGTERM) is no failure, and is not told as one
+        emit_run_failed(run_id, run_dir, exc)
+        raise
+
+
+def _run(cfg: RunConfig, run_id: str, store_uri: str, run_dir: str, t0: float, logger) -> dict:
+    """Start the engines, run the pipeline while showing it in Prefect, then checkpoint and report."""
     tracker = RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg)  # checks before the cluster
     with open_cluster(cfg.cluster) as address, tracker:
         if tracker.enabled:

@@ -12,7 +12,8 @@ milliseconds of bookkeeping here, an event almost nothing):
   ``max_staleness + 1`` steps ahead, so few of these wait at once (Prefect's thread pool is unbounded);
 - micro-batch commits, weight syncs, slot moves, state moves, recoveries and updates (with their staleness):
   Prefect events named ``flexmarl.<what>``, about the resource ``flexmarl.run.<run id>.agent.<agent>``, which
-  automations can act on (docs/operations.md has one).
+  automations can act on; ``flexmarl.run.failed`` names the run directory of a failed run, which the
+  ``resume-failed-runs`` automation (``deployments/automations.py``) resumes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import Future
 from dataclasses import asdict
+from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -149,6 +151,13 @@ class UpdateBoard:
         emit_event(event=name, resource={"prefect.resource.id": resource_id, "flexmarl.run": self.run_id,
                                          "prefect.resource.name": agent or self.run_id},
                    payload=_jsonable(asdict(event)))
+
+
+def emit_run_failed(run_id: str, run_dir: str, error: BaseException) -> None:
+    """``flexmarl.run.failed``, with the run directory to resume (the ``resume-failed-runs`` automation's cue)."""
+    emit_event(event="flexmarl.run.failed", resource={"prefect.resource.id": f"flexmarl.run.{run_id}",
+                                                      "flexmarl.run": run_id, "prefect.resource.name": run_id},
+               payload={"run_dir": str(Path(run_dir).resolve()), "error": f"{type(error).__name__}: {error}"})
 
 
 def _jsonable(value):

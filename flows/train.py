@@ -163,14 +163,14 @@ def _run(cfg: RunConfig, run_id: str, store_uri: str, run_dir: str, t0: float, l
                 logger.info("progress: %d of %d agent updates; about %.0f min left", done + len(updates), total,
                             left / 60)
             try:
-                result = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
+                timeline = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
                                   "rollout.request_timeout_s")
             finally:
                 board.close(None if pipeline.state.is_completed() else pipeline.state.message)
             if cfg.train.save_checkpoints:
                 for agent in cfg.agents:
                     save_checkpoint(ctx, agent)
-            report = publish_report(ctx, cfg, result, updates, time.perf_counter() - t0)
+            report = publish_report(ctx, timeline, updates, time.perf_counter() - t0)
             tracker.log_report(report)
             return report
         finally:

@@ -16,16 +16,15 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.report import build_report
 from flexmarl.orchestrator.runtime import RunContext
 from flexmarl.report.meg_picture import draw_run_meg
 from flexmarl.report.pictures import draw_rewards
 from flexmarl.report.series import load_series
 from flexmarl.report.summary import agent_rows, render_summary
-from flexmarl.run.timeline_file import write_timeline
+from flexmarl.run.timeline_file import read_timeline
 from flexmarl.run.directory import RunDirectory
-from flexmarl.run.layout import MEG_PICTURE, REPORT_FILE, REWARDS_PICTURE, TIMELINE_FILE
+from flexmarl.run.layout import MEG_PICTURE, REPORT_FILE, REWARDS_PICTURE
 
 
 def png_data_url(path: Path) -> str:
@@ -48,15 +47,14 @@ def set_progress(artifact_id: UUID, done: int, total: int) -> None:
 
 
 @task(name="publish-report", cache_policy=NO_CACHE)
-def publish_report(
-    ctx: RunContext, cfg: RunConfig, result: PipelineResult, updates: list[dict], wall_s: float
-) -> dict:
-    """Write RUN_DIR/report.json and timeline.json; publish the run summary (the same markdown as
-    ``flexmarl report``'s report.md, without pictures) and the per-agent metrics table as artifacts."""
-    report = build_report(ctx, cfg, result, wall_s=wall_s)
-    Path(ctx.run_dir, REPORT_FILE).write_text(json.dumps(report, indent=2))
-    write_timeline(result, Path(ctx.run_dir, TIMELINE_FILE))
+def publish_report(ctx: RunContext, timeline: str, updates: list[dict], wall_s: float) -> dict:
+    """Write RUN_DIR/report.json from the run's config, store and ``timeline`` (the pipeline's timeline.json);
+    publish the run summary (the same markdown as ``flexmarl report``'s report.md, without pictures), the
+    per-agent metrics table and the reward curves as artifacts."""
     run = RunDirectory(ctx.run_dir)
+    result = read_timeline(Path(timeline))
+    report = build_report(ctx, run.config, result, wall_s=wall_s)
+    Path(ctx.run_dir, REPORT_FILE).write_text(json.dumps(report, indent=2))
     series = load_series(run, result)
     create_table_artifact(agent_rows(run, series, report), key="agent-metrics",
                           description=f"Per-agent metrics of run {ctx.run_id}")

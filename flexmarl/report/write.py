@@ -46,7 +46,7 @@ def write_report(run: RunDirectory, out_dir: Path) -> ReportFiles:
     series = load_series(run, timeline)
     pictures: dict[str, Path] = {
         "rewards of all agents": draw_rewards(list(series.values()), out_dir / "rewards.png"),
-        "the multi-agent execution graph": draw_run_meg(run.config(), out_dir / "meg.png"),
+        "the multi-agent execution graph": draw_run_meg(run.config, out_dir / "meg.png"),
     }
     for agent, s in series.items():
         pictures[f"agent {agent}"] = draw_agent_sheet(s, out_dir / f"agent_{agent}.png")

@@ -44,7 +44,7 @@ def test_report_draws_every_picture_and_summarises_the_run(tiny_run, tmp_path: P
     page = (out / "report.html").read_text()
     queues = {"queues.png"} if read_timeline(tiny_run.run_dir / "timeline.json").queue_trace else set()
     assert set(re.findall(r'<img src="([^"]+)"', page)) == {
-        "rewards.png", "agent_solver.png", "agent_verifier.png", "timeline.png", *queues}
+        "rewards.png", "meg.png", "agent_solver.png", "agent_verifier.png", "timeline.png", *queues}
     assert "<table>" in page and report["run_id"] in page
 
 

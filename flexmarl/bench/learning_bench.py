@@ -34,7 +34,7 @@ GSM8K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
 # What the bench changes in the preset: more steps than `make run` (which aims at ~30 minutes), sized so that
 # the whole bench, scoring included, takes about an hour on 2 CPU cores (docs/performance.md, "Learning").
 BUDGET: dict[str, str] = {
-    "train.steps": "40",
+    "train.steps": "30",
 }
 N_EVAL = 500
 """Held-out problems scored, for the base and again for the trained team."""

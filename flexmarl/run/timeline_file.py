@@ -1,9 +1,10 @@
 """``RUN_DIR/timeline.json``: the pipeline's worker spans, agent updates and queues, kept after the run.
 
 The store holds what was sampled and trained; it does not hold when each worker was busy, the per-update
-staleness, each agent's queue of waiting requests over time, nor the replica slots the balancer moved. The
-training flow writes them here at the end of a run, so that ``flexmarl report`` can draw the timeline and
-the per-agent pictures later.
+staleness, each agent's queue of waiting requests over time, the replica slots the balancer moved, the
+training states that moved, nor the recoveries. The pipeline task writes the whole ``PipelineResult`` here
+at the end of a run: the flow's report is built from it, and ``flexmarl report`` draws the timeline and the
+per-agent pictures from it later.
 
 Example:
     >>> write_timeline(result, run_dir / TIMELINE_FILE)
@@ -17,7 +18,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from flexmarl.orchestrator.records import PipelineResult, Span, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, Recovery, Span, StateMove, UpdateEvent
 from flexmarl.rollout.balancer import Move
 
 FORMAT = 1  # bumped when the layout changes, so that an old file is refused with a clear error
@@ -37,6 +38,10 @@ def write_timeline(result: PipelineResult, path: Path) -> Path:
         "updates": [asdict(u) for u in result.updates],
         "moves": [asdict(m) for m in result.moves],
         "queue_trace": result.queue_trace,
+        "state_moves": [asdict(m) for m in result.state_moves],
+        "samples_generated": result.samples_generated,
+        "samples_reused": result.samples_reused,
+        "recoveries": [asdict(r) for r in result.recoveries],
     }
     path.write_text(json.dumps(data))
     return path
@@ -66,4 +71,9 @@ def read_timeline(path: Path) -> PipelineResult:
         store_read_s=data["store_read_s"],
         moves=[Move(**m) for m in data["moves"]],
         queue_trace=[tuple(q) for q in data["queue_trace"]],
+        # absent from the files of older runs, which kept them only in report.json
+        state_moves=[StateMove(**m) for m in data.get("state_moves", [])],
+        samples_generated=data.get("samples_generated", 0),
+        samples_reused=data.get("samples_reused", 0),
+        recoveries=[Recovery(**{**r, "workers": tuple(r["workers"])}) for r in data.get("recoveries", [])],
     )

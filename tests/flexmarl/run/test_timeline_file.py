@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
 
-from flexmarl.orchestrator.records import PipelineResult, Span, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, Recovery, Span, StateMove, UpdateEvent
 from flexmarl.rollout.balancer import Move
 from flexmarl.run.timeline_file import read_timeline, write_timeline
 
@@ -19,7 +20,13 @@ def test_a_written_timeline_reads_back_equal(tmp_path: Path) -> None:
         updates=[UpdateEvent("solver", 0, 1, 16, 200, 0.5, {"loss/policy": 0.1}, 3.0, staleness=0.5, queue_depth=2)],
         workers=["w0", "w1"], tokens=200, store_write_s=0.2, store_read_s=0.1,
         moves=[Move(1.2, "verifier", "solver", 0.0, 6.0)], queue_trace=[(0.0, "solver", 8), (1.5, "solver", 0)],
+        state_moves=[StateMove("solver", "w1", 0.3, True, 0.2)], samples_generated=24, samples_reused=8,
+        recoveries=[Recovery(("w2",), "lost", 1002.0, 1003.5)],
     )
+    # every field: the flow's report is built from this file, so a field left out reads back as its default
+    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(PipelineResult)
+                if f.default is not MISSING or f.default_factory is not MISSING}
+    assert all(getattr(result, name) != default for name, default in defaults.items())
     back = read_timeline(write_timeline(result, tmp_path / "timeline.json"))
     assert back == result
     assert back.utilization() == pytest.approx(3.0 / 8.0)

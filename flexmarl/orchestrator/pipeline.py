@@ -172,15 +172,18 @@ class PipelineRunner:
             if fut is None or fut not in self.task_of:  # the supervisor acted, or the task was given up
                 continue
             try:
-                with self._blame(self.task_of[fut]):
-                    value = fut.result(timeout=RESULT_WAIT_S)  # re-raises a task's error here, in the driver
+                value = fut.result(timeout=RESULT_WAIT_S)  # re-raises a task's error here, in the driver
             except (TimeoutError, DaskTimeoutError):
                 self.supervisor.poll(force=True)  # the worker holding the value died: its work is redone
                 if fut in self.task_of:
                     task = self.task_of[fut]
-                    raise TimeoutError(f"the value of finished task {task.kind.label} {task.agent!r} cannot be "
-                                       f"fetched from {task.worker} within {RESULT_WAIT_S:.0f}s") from None
+                    with self._blame(task):
+                        raise TimeoutError(f"the value of finished task {task.kind.label} {task.agent!r} cannot "
+                                           f"be fetched from {task.worker} within {RESULT_WAIT_S:.0f}s") from None
                 continue
+            except Exception:
+                with self._blame(self.task_of[fut]):  # the task's own error fails the run
+                    raise
             self.last_progress = time.time()
             task = self.task_of[fut]
             self.supervisor.proven.add(task.worker)

@@ -106,10 +106,23 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        from flexmarl.orchestrator.records import AgentFailed
+        from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+
         cfg = load_config(preset="tiny", overrides=[*SMALL, "rollout.sync_timeout_s=2"])
-        with pytest.raises(WeightSyncError, match=r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s"):
-            run_mode(cfg, tmp_path / "hang", cluster.scheduler_address)
+        run_id, store_uri = prepare_run(cfg, tmp_path / "hang")
+        runtime = Runtime(RunContext(run_id, str(tmp_path / "hang"), store_uri, cluster.scheduler_address), cfg)
+        try:
+            runtime.start_engines()
+            with pytest.raises(WeightSyncError, match=r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s") as err:
+                runtime.run()
+        finally:
+            runtime.close()
         assert not hang_over.exists()  # it failed at its timeout, not when the replica came back
+        # the caller was told whose task failed the run (the flow fails that agent's update task run with it)
+        told = [e for e in iter(runtime.events.get, None) if isinstance(e, AgentFailed)]
+        agent = str(err.value).split("'")[1]
+        assert [e.agent for e in told] == [agent] and "did not finish within 2s" in told[0].error
 
 
 def test_an_agent_moves_to_a_free_slot_with_its_whole_state(tmp_path: Path, address: str) -> None:

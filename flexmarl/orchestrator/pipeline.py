@@ -119,8 +119,7 @@ class PipelineRunner:
         self.timeout_s = cfg.rollout.request_timeout_s
         self.futures: dict[int, Future] = {}  # id(task) -> its future
         self.task_of: dict[Future, Task] = {}
-        self.sync_deadlines: dict[Future, float] = {}
-        self.generate_deadlines: dict[Future, float] = {}
+        self.deadlines: dict[Future, float] = {}  # every submitted task's: a frozen worker is found by any of them
         self.prompts: dict[int, list[list[int]]] = {}  # id(generate task) -> its prompts
         self.parks: dict[str, Future] = {}  # agent -> the task writing its state
         self.prefetches: dict[str, Future] = {}  # agent -> the task reading its state ahead
@@ -175,6 +174,7 @@ class PipelineRunner:
                 value = fut.result(timeout=RESULT_WAIT_S)  # re-raises a task's error here, in the driver
             except (TimeoutError, DaskTimeoutError):
                 self.supervisor.poll(force=True)  # the worker holding the value died: its work is redone
+                self._carry_out()  # the recovery's commands forget the lost worker's tasks, this one among them
                 if fut in self.task_of:
                     task = self.task_of[fut]
                     with self._blame(task):
@@ -232,36 +232,34 @@ class PipelineRunner:
         fut = self.futures.pop(id(task), None)
         if fut is not None:
             self.task_of.pop(fut, None)
-            self.sync_deadlines.pop(fut, None)
-            self.generate_deadlines.pop(fut, None)
+            self.deadlines.pop(fut, None)
         return fut
 
     def _next_finished(self) -> Future | None:
         """The next finished task, or None when the supervisor acted on a lost or hung worker.
 
-        A weight sync or a generation batch past its deadline counts as a hung replica, which the supervisor
-        replaces (or, on a worker without a nanny, fails fast naming it). With none of those in flight, nothing
-        finishing at all within ``rollout.request_timeout_s`` is a stall.
+        A task past its deadline (``rollout.sync_timeout_s`` for a weight sync, ``rollout.request_timeout_s``
+        for the rest) counts as a hung worker, which the supervisor replaces (or, on a worker without a
+        nanny, fails fast naming it). With no task in flight, nothing finishing within
+        ``rollout.request_timeout_s`` is a stall.
         """
         while True:
             if self.supervisor.poll():
                 return None
-            deadline = min([self.last_progress + self.timeout_s, *self.sync_deadlines.values(),
-                            *self.generate_deadlines.values()])
+            deadline = min([self.last_progress + self.timeout_s, *self.deadlines.values()])
             try:
                 return self.finished.get(timeout=min(max(deadline - time.time(), 0.0), self.supervisor.poll_s))
             except queue.Empty:
                 pass
             now = time.time()
-            late = [f for f, d in {**self.sync_deadlines, **self.generate_deadlines}.items() if d <= now]
+            late = [f for f, d in self.deadlines.items() if d <= now]
             if late:
                 task = self.task_of[late[0]]
                 with self._blame(task):
                     self.supervisor.restart({task.worker}, self._late_message(task), self._late_error(task))
                 self.last_progress = time.time()
                 return None
-            timed = self.sync_deadlines or self.generate_deadlines  # they end by their own deadlines
-            if now >= self.last_progress + self.timeout_s and not timed and not self.sched.recovery.waiting:
+            if now >= self.last_progress + self.timeout_s and not self.deadlines and not self.sched.recovery.waiting:
                 what = sorted({f"{t.kind.label} {t.agent}" for t in self.sched.inflight})
                 raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}")
 
@@ -273,8 +271,10 @@ class PipelineRunner:
         if isinstance(task, Sync):
             return (f"weight sync of agent {task.agent!r} to v{task.version} on replica {task.worker} did not finish "
                     f"within {self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)")
-        return (f"generation batch of agent {task.agent!r} on replica {task.worker} did not finish within "
-                f"{self.cfg.rollout.request_timeout_s:.0f}s (rollout.request_timeout_s)")
+        what = (f"generation batch of agent {task.agent!r} on replica" if isinstance(task, Generate)
+                else f"{task.kind.label} task of agent {task.agent!r} on worker")
+        return (f"{what} {task.worker} did not finish within {self.cfg.rollout.request_timeout_s:.0f}s "
+                "(rollout.request_timeout_s)")
 
     # ------------------------------------------------------------------ commands out
 
@@ -370,10 +370,8 @@ class PipelineRunner:
         self.task_of[fut] = task
         if isinstance(task, Park):
             self.parks[task.agent] = fut
-        elif isinstance(task, Generate):
-            self.generate_deadlines[fut] = time.time() + self.cfg.rollout.request_timeout_s
-        elif isinstance(task, Sync):
-            self.sync_deadlines[fut] = time.time() + self.cfg.rollout.sync_timeout_s
+        rollout = self.cfg.rollout
+        self.deadlines[fut] = time.time() + (rollout.sync_timeout_s if isinstance(task, Sync) else rollout.request_timeout_s)
         fut.add_done_callback(self.finished.put)
         if self.on_submit is not None:
             self.on_submit(task.kind.label, task.agent, task.worker)

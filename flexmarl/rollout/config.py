@@ -70,9 +70,9 @@ class RolloutConfig(Strict):
     kills it and its engines are rebuilt elsewhere; a worker without a nanny fails the run, naming agent,
     replica and version."""
     request_timeout_s: float = Field(1800.0, gt=0)
-    """Longest wait for one generation batch (from its submission). Past it the replica counts as hung: its
-    worker's nanny kills it, its engines are rebuilt and the batch is generated again; a worker without a
-    nanny fails the run, naming agent and replica."""
+    """Longest wait for one generation batch, or any other task of the pipeline on a worker except a weight
+    sync (from its submission). Past it the worker counts as hung: its nanny kills it, its engines are
+    rebuilt and its work is done again; a worker without a nanny fails the run, naming agent and worker."""
 
     @model_validator(mode="after")
     def _check_backend_installed(self) -> RolloutConfig:

@@ -32,7 +32,7 @@ from flexmarl.orchestrator.pipeline import PipelineRunner
 from flexmarl.orchestrator.records import PipelineEvent, PipelineResult
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
-from flexmarl.training import slot, snapshots
+from flexmarl.training import replay, slot, snapshots
 from flexmarl.workloads.datasets import load_tasks, task_stream
 from flexmarl.run.layout import ATTEMPTS_FILE, CHECKPOINTS_DIR, CONFIG_FILE, STATE_DIR, STORE_DIR
 from storage.store import ExperienceStore, error_summary
@@ -251,14 +251,15 @@ class Runtime:
     def key(self, agent: str) -> str:
         return f"{self.ctx.run_id}/{agent}"
 
-    def _wait(self, futures: list, what: str) -> list:
-        """The futures' results, all within one ``rollout.request_timeout_s`` from now."""
-        deadline = time.monotonic() + self.timeout_s
+    def _wait(self, futures: list, what: str, scale: int = 1) -> list:
+        """The futures' results, all within ``scale`` times ``rollout.request_timeout_s`` from now."""
+        deadline = time.monotonic() + self.timeout_s * scale
         try:
             return [f.result(timeout=max(deadline - time.monotonic(), 0.0)) for f in futures]
         except (TimeoutError, DaskTimeoutError):
+            bound = "rollout.request_timeout_s" if scale == 1 else f"{scale} x rollout.request_timeout_s"
             raise TimeoutError(
-                f"{what} did not finish within {self.timeout_s:.0f}s (rollout.request_timeout_s); check the Dask "
+                f"{what} did not finish within {self.timeout_s * scale:.0f}s ({bound}); check the Dask "
                 "workers' logs, or raise the timeout for large models"
             ) from None
 
@@ -273,7 +274,7 @@ class Runtime:
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
             trainer_args = (self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens)
-            snapshot = snapshots.require_snapshot(self.snapshot_root, agent, version, options)
+            snapshot = self._resume_snapshot(agent, version, trainer_args)
             for worker in self.engines[agent]:
                 if snapshot is None:
                     futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
@@ -291,6 +292,28 @@ class Runtime:
         self._wait(futures, "starting the engines")
         return {a: {"trainer": self.trainers[a], "engines": self.engines[a],
                     "slots": [w for w, x in self.rollout_slots if x == a]} for a in self.cfg.agents}
+
+    def _resume_snapshot(self, agent: str, version: int, trainer_args: tuple) -> str | None:
+        """The snapshot ``agent`` restarts from at ``version`` (None at v0: its model directory).
+
+        A missing or damaged one is rebuilt first, on the agent's training worker, from the newest whole
+        snapshot before it and the updates the store recorded since (``training/replay.py``).
+        """
+        root, options = self.snapshot_root, self.cfg.training.state_storage_options
+        if version == 0 or root is None:
+            return snapshots.require_snapshot(root, agent, version, options)  # None, or why it cannot restart
+        problem = snapshots.snapshot_problem(root, agent, version, options)
+        if problem is not None:
+            base = snapshots.newest_whole_snapshot(root, agent, version, options)
+            n = version - base
+            log.warning("the snapshot of agent %r at v%d %s: rebuilding it from %s by replaying the %d update%s the "
+                        "store recorded since", agent, version, problem, f"its snapshot of v{base}" if base else
+                        "its model (v0)", n, "" if n == 1 else "s")
+            fut = submit_on(self.client, self.trainers[agent], replay.rebuild_snapshot, self.key(agent),
+                            self.model_dirs[agent], *trainer_args, snapshots.snapshot_uri(root, agent, base) if base
+                            else None, base, version, self.store.spec, root, options)
+            self._wait([fut], f"rebuilding the snapshot of {agent!r} at v{version}", scale=version - base)
+        return snapshots.snapshot_uri(root, agent, version)
 
     def _release_earlier_attempts(self) -> None:
         """Free engines that earlier attempts of this run directory left on a cluster that outlived them."""

@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import json
+
 import fsspec
 import torch
 from safetensors.torch import load as load_tensors
@@ -25,7 +27,7 @@ from safetensors.torch import load as load_tensors
 from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.state import DEVICE, META, WEIGHTS, TrainingState
+from flexmarl.training.state import DEVICE, META, WEIGHTS, TrainingState, state_problem
 from flexmarl.training.trainer import AgentTrainer
 
 SNAPSHOTS = "by-version"  # under the run's state location
@@ -44,6 +46,34 @@ def find_snapshot(root: str, agent: str, version: int, storage_options: dict | N
     uri = snapshot_uri(root, agent, version)
     fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
     return uri if fs.exists(f"{path}/{META}") else None
+
+
+def snapshot_problem(root: str, agent: str, version: int, storage_options: dict | None = None) -> str | None:
+    """Why ``agent``'s snapshot of ``version`` cannot be restarted from (missing, cut short, another
+    version), or None when it is whole."""
+    uri = snapshot_uri(root, agent, version)
+    problem = state_problem(uri, storage_options)
+    if problem is None:
+        fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        held = json.loads(fs.cat_file(f"{path}/{META}")).get("version")
+        problem = None if held == version else f"holds v{held}"
+    return problem
+
+
+def newest_whole_snapshot(root: str, agent: str, below: int, storage_options: dict | None = None) -> int:
+    """The newest version under ``below`` whose snapshot of ``agent`` is whole; 0 (the model directory) if none."""
+    for version in sorted((v for v in _stored_versions(root, agent, storage_options) if 0 < v < below), reverse=True):
+        if snapshot_problem(root, agent, version, storage_options) is None:
+            return version
+    return 0
+
+
+def _stored_versions(root: str, agent: str, storage_options: dict | None) -> list[int]:
+    fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{agent}", **(storage_options or {}))
+    if not fs.exists(path):
+        return []
+    names = (entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False))
+    return [int(name[1:]) for name in names if name.startswith("v") and name[1:].isdigit()]
 
 
 def require_snapshot(root: str | None, agent: str, version: int, storage_options: dict | None = None) -> str | None:
@@ -120,10 +150,7 @@ def load_weights(snapshot: str, storage_options: dict | None = None) -> dict[str
 
 def prune_snapshots(root: str, agent: str, keep_from: int, storage_options: dict | None = None) -> None:
     """Delete ``agent``'s snapshots of versions below ``keep_from``."""
-    fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{agent}", **(storage_options or {}))
-    if not fs.exists(path):
-        return
-    for entry in fs.ls(path, detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if name.startswith("v") and name[1:].isdigit() and int(name[1:]) < keep_from:
-            fs.rm(entry, recursive=True)
+    for version in _stored_versions(root, agent, storage_options):
+        if version < keep_from:
+            fs, path = fsspec.core.url_to_fs(snapshot_uri(root, agent, version), **(storage_options or {}))
+            fs.rm(path, recursive=True)

@@ -164,6 +164,47 @@ class HostCopy:
         return cls(weights, tensors, meta)
 
 
+def state_problem(uri: str, storage_options: dict | None = None) -> str | None:
+    """What is wrong with the stored state at ``uri`` (missing, cut short, unreadable), or None if it looks whole.
+
+    Cheap: it reads the JSON file and the safetensors headers, and checks that each file is as long as its
+    header says; it does not read the tensors (bytes flipped inside a tensor go unnoticed).
+    """
+    fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    try:
+        meta = json.loads(fs.cat_file(f"{root}/{META}"))
+    except FileNotFoundError:
+        return f"has no {META} (it was never written, removed, or its write did not finish)"
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"has a {META} that does not parse ({exc})"
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return f"has a {META} of another format ({meta.get('format') if isinstance(meta, dict) else meta!r})"
+    for name in (WEIGHTS, OPTIMIZER):
+        problem = _tensor_file_problem(fs, f"{root}/{name}")
+        if problem is not None:
+            return f"has a damaged {name}: {problem}"
+    return None
+
+
+def _tensor_file_problem(fs, path: str) -> str | None:
+    # safetensors layout: an 8-byte little-endian header length, a JSON header of data offsets, the data
+    try:
+        size = fs.size(path)
+        with fs.open(path, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= length <= size - 8:
+                return f"{size} bytes, too short for its header"
+            header = json.loads(f.read(length))
+        ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+    except FileNotFoundError:
+        return "missing"
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        return f"its header does not parse ({type(exc).__name__}: {exc})"
+    expected = 8 + length + max(ends, default=0)
+    return None if size == expected else f"{size} bytes where its header needs {expected}"
+
+
 class TrainingState:
     """Where one agent's training state is now; ``to`` is the one way to move it.
 

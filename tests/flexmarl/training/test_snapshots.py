@@ -12,12 +12,15 @@ from flexmarl.training.snapshots import (
     SnapshotError,
     find_snapshot,
     load_weights,
+    newest_whole_snapshot,
     prune_snapshots,
     require_snapshot,
     restore_trainer,
     save_snapshot,
+    snapshot_problem,
     snapshot_uri,
 )
+from flexmarl.training.state import META, OPTIMIZER, WEIGHTS
 
 from .test_trainer import make_batch
 
@@ -61,3 +64,32 @@ def test_snapshots_are_required_past_version_zero_and_pruned(tmp_path) -> None:
         (tmp_path / "solver" / name).mkdir(parents=True)
     prune_snapshots(root, "solver", keep_from=3)
     assert sorted(p.name for p in (tmp_path / "solver").iterdir()) == ["v10", "v3"]
+
+
+def test_a_damaged_snapshot_is_told_from_a_whole_one(tiny_dir, tmp_path) -> None:
+    root = str(tmp_path / "by-version")
+    slot.start_trainer("run-d/solver", str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
+    trainer = slot.trainer("run-d/solver")
+    for version in (1, 2, 3, 4):
+        trainer.train_step(make_batch(tiny_dir, [1.0, -1.0]))
+        save_snapshot("run-d/solver", root, version, {})
+    engines().pop("trainer:run-d/solver").close()
+    assert snapshot_problem(root, "solver", 4) is None
+    v4, v3, v2 = (tmp_path / "by-version" / "solver" / f"v{v}" for v in (4, 3, 2))
+    weights = (v4 / WEIGHTS).read_bytes()
+    (v4 / WEIGHTS).write_bytes(weights[: len(weights) // 2])  # cut short
+    assert "damaged weights.safetensors" in snapshot_problem(root, "solver", 4)
+    (v4 / WEIGHTS).write_bytes(weights + b"x")
+    assert "bytes where its header needs" in snapshot_problem(root, "solver", 4)
+    (v4 / WEIGHTS).write_bytes(b"\xff" * 64)  # garbage header
+    assert "damaged weights.safetensors" in snapshot_problem(root, "solver", 4)
+    (v3 / META).write_text("{not json")
+    assert "does not parse" in snapshot_problem(root, "solver", 3)
+    (v2 / OPTIMIZER).unlink()
+    assert "damaged optimizer.safetensors: missing" in snapshot_problem(root, "solver", 2)
+    assert "has no state.json" in snapshot_problem(root, "solver", 7)
+    (v3 / META).write_text((v4 / META).read_text())  # a whole file, but of another version
+    assert snapshot_problem(root, "solver", 3) == "holds v4"
+    # the newest whole snapshot under v4 is v1; under v1 there is only the model directory
+    assert newest_whole_snapshot(root, "solver", below=4) == 1
+    assert newest_whole_snapshot(root, "solver", below=1) == 0

@@ -1,0 +1,95 @@
+"""Rebuild an agent's training state of a version from an earlier one and the updates its store recorded.
+
+The store is the log of training. Each update row names the samples it consumed, in the order they were
+accumulated, and each sample keeps what it was trained with: prompt and response tokens, behaviour
+log-probs, the policy version that generated it, and its advantage. Training is deterministic, so replaying
+the updates after version B on the state of B gives the state the run had at each later version. The replay
+cuts the consumed samples into micro-batches of ``micro_batch_size``, as the pipeline committed them; where
+a committed micro-batch was shorter the result differs by float rounding at most (gradients add up in
+float64, in any order).
+
+Used at resume when the snapshot of an agent's version is missing or damaged (replayed from the newest whole
+snapshot before it, or from the model directory at v0), and as the oracle of runs whose schedule of versions
+depends on timing (``train.max_staleness`` > 0): their weights must equal the replay of their own store.
+
+Example:
+    >>> updates = recorded_updates(store, "solver", after=2, upto=4)     # the updates to v3 and v4
+    >>> replay(trainer_at_v2, store, updates, micro_batch_size=8)       # the trainer is now at v4
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flexmarl.training import slot
+from flexmarl.training.config import TrainerConfig
+from flexmarl.training.snapshots import SnapshotError, restore_trainer, save_snapshot
+from flexmarl.training.trainer import AgentTrainer, TrainBatch
+from storage.store import UPDATES, ExperienceStore, StoreSpec
+
+
+class ReplayError(SnapshotError):
+    """The store lacks what a replay needs (an update, or a sample an update consumed)."""
+
+
+@dataclass(frozen=True)
+class RecordedUpdate:
+    """One update as the store recorded it: the version it produced and the samples it consumed, in order."""
+
+    version: int
+    consumed_ids: list[str]
+
+
+def recorded_updates(store: ExperienceStore, agent: str, *, after: int, upto: int) -> list[RecordedUpdate]:
+    """``agent``'s updates to versions ``after + 1`` .. ``upto``, oldest first.
+
+    Raises:
+        ReplayError: one of those versions has no update row.
+    """
+    wanted = (pc.field("agent") == agent) & (pc.field("policy_version") > after) & (pc.field("policy_version") <= upto)
+    rows = store.read(UPDATES, columns=["policy_version", "consumed_ids"], filter=wanted).to_pylist()
+    updates = sorted((RecordedUpdate(r["policy_version"], r["consumed_ids"]) for r in rows), key=lambda u: u.version)
+    missing = sorted(set(range(after + 1, upto + 1)) - {u.version for u in updates})
+    if missing:
+        raise ReplayError(f"the store records no update of agent {agent!r} to v{missing[0]}, so its updates from "
+                          f"v{after + 1} to v{upto} cannot be replayed; check the store with `flexmarl store verify`")
+    return updates
+
+
+def replay(trainer: AgentTrainer, store: ExperienceStore, updates: Sequence[RecordedUpdate], micro_batch_size: int) -> None:
+    """Train ``trainer`` through ``updates`` (from its current version on), on the samples each consumed."""
+    table = store.samples_table(trainer.agent)
+    for update in updates:
+        if trainer.version != update.version - 1:
+            raise ReplayError(f"agent {trainer.agent!r} is at v{trainer.version}; the update to v{update.version} "
+                              "cannot be replayed on it")
+        ids = update.consumed_ids
+        if ids:
+            rows = store.read(table, filter=pc.field("sample_id").isin(pa.array(ids, pa.string())))
+            row_of = dict(zip(rows["sample_id"].to_pylist(), range(rows.num_rows), strict=True))
+            lost = [i for i in ids if i not in row_of]
+            if lost:
+                raise ReplayError(f"the update of agent {trainer.agent!r} to v{update.version} consumed {len(ids)} "
+                                  f"samples; {len(lost)} of them (first {lost[0]!r}) are not in {table}")
+            for start in range(0, len(ids), micro_batch_size):
+                chunk = rows.take([row_of[i] for i in ids[start:start + micro_batch_size]])
+                trainer.accumulate(TrainBatch.from_arrow(chunk))
+        trainer.finish_step()  # with nothing accumulated: an empty (or a skipped) update, the version advances
+
+
+def rebuild_snapshot(
+    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int,
+    base: str | None, base_version: int, version: int, store: StoreSpec, root: str, storage_options: dict,
+) -> int:
+    """On a training worker: restore ``key``'s trainer from snapshot ``base`` (None: the model directory at v0),
+    replay the store's updates up to ``version``, and write that as the agent's snapshot of ``version``
+    (replacing what is there). Returns the bytes written."""
+    restore_trainer(key, model_dir, config, temperature, max_new_tokens, base, base_version, storage_options)
+    trainer, opened = slot.trainer(key), store.open()
+    replay(trainer, opened, recorded_updates(opened, trainer.agent, after=base_version, upto=version),
+           config.micro_batch_size)
+    return save_snapshot(key, root, version, storage_options)

@@ -28,6 +28,20 @@ def store_root(run_dir: Path) -> Path:
     return root
 
 
+def run_staleness_bound(run_dir: Path) -> int:
+    """The staleness bound of the run in ``run_dir`` (its config.yaml), or 0 for a bare store."""
+    from flexmarl.config import ConfigError
+    from flexmarl.orchestrator.runtime import CONFIG_FILE, resume_config
+    from flexmarl.run_start import max_staleness
+
+    if not (run_dir / CONFIG_FILE).is_file():
+        return 0
+    try:
+        return max_staleness(resume_config(run_dir))
+    except ConfigError as exc:
+        fail(f"{exc}; or pass --max-staleness to verify the store without the run's config")
+
+
 def print_json(data: object) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -69,13 +83,17 @@ def store_inspect(run_dir: RunDir, as_json: AsJson = False) -> None:
 def store_verify(
     run_dir: RunDir,
     as_json: AsJson = False,
-    max_staleness: Annotated[int, typer.Option(min=0, help="Versions older than v-1 an update to v may consume.")] = 0,
+    max_staleness: Annotated[Optional[int], typer.Option(
+        min=0, help="Versions older than v-1 an update to v may consume (default: the run's own bound, else 0).",
+    )] = None,
 ) -> None:
     """Check the store's invariants: exit 0 when it is consistent, 1 listing every violation."""
     from storage.store import ExperienceStore, StoreError
     from storage.verify import verify_store
 
     store = ExperienceStore(store_root(run_dir))
+    if max_staleness is None:
+        max_staleness = run_staleness_bound(run_dir)
     try:
         violations = verify_store(store, max_staleness=max_staleness)
     except StoreError as exc:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import torch
 
 from flexmarl.cluster.local import open_cluster
@@ -31,6 +32,7 @@ from flexmarl.config import RunConfig, load_config
 from flexmarl.orchestrator.coverage import training_coverage
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run, resume_config
+from flexmarl.run_start import max_staleness
 from storage.store import ExperienceStore
 from storage.verify import verify_store
 
@@ -50,6 +52,7 @@ class WorkerFault:
     nth: int
     sig: int = signal.SIGKILL
     delay_s: float = 0.05  # lets the task start on the worker first
+    log_to: str | None = None  # a file that gets a line when the fault fires (from a driver process)
     seen: int = 0
     worker: str | None = None
     pid: int | None = None
@@ -60,15 +63,22 @@ class WorkerFault:
         if kind != self.task_kind or self.worker is not None:
             return
         self.seen += 1
-        if self.seen == self.nth:
+        if self.seen >= self.nth:
             self.worker = worker
             threading.Thread(target=self._inject, name="fault", daemon=True).start()
 
     def _inject(self) -> None:
         time.sleep(self.delay_s)
-        self.pid = self.client.run(os.getpid, workers=[self.worker])[self.worker]
-        os.kill(self.pid, self.sig)
+        try:
+            self.pid = self.client.run(os.getpid, workers=[self.worker], callback_timeout=5)[self.worker]
+            os.kill(self.pid, self.sig)
+        except Exception:  # noqa: BLE001 - the worker is gone already (another fault): strike at the next task
+            self.worker = None
+            return
         self.injected_at = time.time()
+        if self.log_to is not None:
+            with open(self.log_to, "a") as f:
+                f.write(f"{self.at}\n")
         self.fired.set()
 
     @property
@@ -76,33 +86,61 @@ class WorkerFault:
         return f"{self.task_kind} task #{self.nth} on {self.worker}"
 
 
-def kill_at_commit(pid: int, store: ExperienceStore, agents: Sequence[str], commits: int, *, timeout_s: float) -> float:
-    """SIGKILL process ``pid`` once the agents' sample tables hold ``commits`` micro-batch commits in all.
+def kill_at_commit(pid: int, store: ExperienceStore, agents: Sequence[str], commits: int, *, timeout_s: float,
+                   also: Callable[[], bool] = lambda: True) -> float:
+    """SIGKILL process ``pid`` once the agents' sample tables hold ``commits`` micro-batch commits in all (and
+    ``also()`` holds).
 
     Returns when it was killed. Raises ``TimeoutError`` if the commits do not come within ``timeout_s``.
     """
     deadline = time.time() + timeout_s
     while time.time() < deadline:
+        if not _running(pid):
+            raise RuntimeError(f"process {pid} ended before it was to be killed (at {commits} sample commits)")
         try:
             done = sum(store.version(store.samples_table(a)) for a in agents)
         except Exception:  # noqa: BLE001 - the tables may not exist yet
             done = 0
-        if done >= commits:
+        if done >= commits and also():
             os.kill(pid, signal.SIGKILL)
             return time.time()
         time.sleep(0.05)
     raise TimeoutError(f"the driver did not reach {commits} sample commits within {timeout_s:.0f}s")
 
 
-def drive(cfg: RunConfig, run_dir: str, address: str) -> None:
-    """A driver process: start a run and train it to the end (the chaos bench kills it mid-step)."""
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def drive(cfg: RunConfig, run_dir: str, address: str, faults: Sequence[tuple[str, int]] = (),
+          fired_log: str | None = None) -> None:
+    """A driver process: start a run and train it to the end (the chaos bench kills it mid-step).
+
+    ``faults`` arms one ``WorkerFault`` (SIGKILL) per (task kind, nth); each that fires writes a line to
+    ``fired_log``.
+    """
     run_id, store_uri = prepare_run(cfg, run_dir)
     runtime = Runtime(RunContext(run_id, str(Path(run_dir).resolve()), store_uri, address), cfg)
+    armed = [WorkerFault(runtime.client, kind, nth, log_to=fired_log) for kind, nth in faults]
     try:
         runtime.start_engines()
-        runtime.run()
+        runtime.run(on_submit=all_of(armed) if armed else None)
     finally:
         runtime.close()
+
+
+def all_of(faults: Sequence[WorkerFault]) -> Callable[[str, str, str], None]:
+    """One ``on_submit`` that arms several faults in one run: each fires once, counting its own task kind, on a
+    worker no other of them struck (two faults on one dying worker would be one)."""
+    def on_submit(kind: str, agent: str, worker: str) -> None:
+        struck = {f.worker for f in faults}
+        for fault in faults:
+            if fault.worker is None and worker not in struck:
+                fault(kind, agent, worker)
+    return on_submit
 
 
 def train(
@@ -169,7 +207,7 @@ def bench_chaos(
                 record, weights = _worker_fault(cfg, run_dir, address, fault)
             store = ExperienceStore(run_dir / "store")
             coverage = training_coverage(store, cfg)
-            violations = verify_store(store)
+            violations = verify_store(store, max_staleness=max_staleness(cfg))
             diff = max_weight_diff(ref_weights, weights)
             runs.append({
                 "kind": kind, **record, "wall_s": time.time() - t0, "verify_violations": len(violations),
@@ -211,17 +249,30 @@ def _worker_fault(cfg: RunConfig, run_dir: Path, address: str, fault: WorkerFaul
     return record, weights
 
 
-def _driver_kill(cfg: RunConfig, run_dir: Path, address: str, commits: int) -> tuple[dict, dict]:
-    """Start a driver process, SIGKILL it after ``commits`` sample commits, resume the run in this process."""
-    driver = multiprocessing.get_context("spawn").Process(target=drive, args=(cfg, str(run_dir), address))
+def kill_driver(cfg: RunConfig, run_dir: Path, address: str, commits: int, *,
+                faults: Sequence[tuple[str, int]] = (), fired_log: Path | None = None,
+                also: Callable[[], bool] = lambda: True) -> float:
+    """Start a run in a driver process (with ``faults`` armed, see ``drive``) and SIGKILL it after ``commits``
+    sample commits, once every fault fired and ``also()`` holds; returns when."""
+    def ready() -> bool:
+        fired = not faults or (fired_log.exists() and len(fired_log.read_text().splitlines()) >= len(faults))
+        return fired and also()
+
+    args = (cfg, str(run_dir), address, tuple(faults), None if fired_log is None else str(fired_log))
+    driver = multiprocessing.get_context("spawn").Process(target=drive, args=args)
     driver.start()
     store = ExperienceStore(run_dir / "store")
     try:
-        killed_at = kill_at_commit(driver.pid, store, list(cfg.agents), commits, timeout_s=600)
+        return kill_at_commit(driver.pid, store, list(cfg.agents), commits, timeout_s=600, also=ready)
     finally:
         driver.join(timeout=30)
         if driver.is_alive():
             driver.kill()
+
+
+def _driver_kill(cfg: RunConfig, run_dir: Path, address: str, commits: int) -> tuple[dict, dict]:
+    """Start a driver process, SIGKILL it after ``commits`` sample commits, resume the run in this process."""
+    killed_at = kill_driver(cfg, run_dir, address, commits)
     started: list[float] = []
     result, weights = train(resume_config(run_dir), run_dir, address, resume=True,
                             on_started=lambda: started.append(time.time()))

@@ -38,12 +38,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from flexmarl.preflight import RunLocationError
     from flexmarl.run_lock import RunLockError
     from flexmarl.run_start import ResumeRefused
+    from flexmarl.training.snapshots import SnapshotError
     from flexmarl.workloads.datasets import DataError
     from flows.prefect_server import PrefectAPIError
     from storage.store import StoreError
 
     return (ConfigError, ModelError, DataError, RunSetupError, RunLocationError, RunLockError, ResumeRefused,
-            ClusterError, StoreError, PrefectAPIError)
+            ClusterError, StoreError, PrefectAPIError, SnapshotError)
 
 
 def stop_on_sigterm(run_dir: Path) -> None:
@@ -107,6 +108,7 @@ def train(
     console.print(f"run directory {run_dir}; {describe_estimate(cfg)}", highlight=False)
 
     from flows.prefect_server import prefect_api
+    from flows.run_failures import explain_failure
     from flows.train import train_run
 
     try:
@@ -120,11 +122,16 @@ def train(
                 check_new_run_dir(run_dir)
             with prefect_api() as url:
                 console.print(f"Prefect API: {url}")
-                report = train_run(
-                    preset=preset, config=str(config) if config else None, overrides=set_ or [],
-                    run_dir=None if resume else str(run_dir), dask_address=dask_address,
-                    resume=str(resume) if resume else None,
-                )
+                try:
+                    report = train_run(
+                        preset=preset, config=str(config) if config else None, overrides=set_ or [],
+                        run_dir=None if resume else str(run_dir), dask_address=dask_address,
+                        resume=str(resume) if resume else None,
+                    )
+                except Exception as exc:
+                    if isinstance(exc, errors) or (line := explain_failure(exc, url, run_dir)) is None:
+                        raise
+                    fail(line, code=1)  # not the user's mistake: no traceback, and not exit 2
     except errors as exc:
         fail(str(exc))
     table = Table(title=f"run {report['run_id']} ({report['wall_s']:.1f} s)")

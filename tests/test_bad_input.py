@@ -943,6 +943,8 @@ DURING_A_RUN = {
     "training state missing": "found when a state moves between slots",
     "stale training state": "found when a state moves between slots",
     "training state of a version missing": "found when the engines start from their snapshots",
+    "run stopped by a full disk": "met during the run, and not a user error (exit 1); tests/reliability fills a tmpfs",
+    "run stopped by a lost Prefect API": "met during the run, and not a user error (exit 1); tested by killing the server",
     "worker resource nobody offers": "found when the engines are placed on the cluster, inside the flow",
     "more slots than workers": "found when the engines are placed on the cluster, inside the flow",
 }

@@ -104,3 +104,36 @@ def test_an_address_where_an_http_server_listens_is_refused_within_the_bound(tmp
     assert res.returncode == 2, res.stderr[-3000:]
     assert "does not answer as a Dask scheduler within 3s" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was written or started
+
+
+def test_the_prefect_server_killed_mid_run_stops_it_with_one_line_and_it_resumes(tmp_path: Path) -> None:
+    log, run_dir = tmp_path / "driver.log", tmp_path / "run"
+    with log.open("w") as out:
+        driver = subprocess.Popen(
+            [*FLEXMARL, "train", "--preset", "tiny", "--run-dir", str(run_dir), "--set", "train.steps=12"],
+            cwd=ROOT, env=cli_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+    procs = wait_for_cluster(driver, log)
+    try:
+        server = next(p for p in procs if "server" in " ".join(p.cmdline()) and "prefect" in " ".join(p.cmdline()))
+        os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the server and its uvicorn, as an OOM kill would
+        driver.wait(timeout=600)
+        text = log.read_text()
+        assert driver.returncode == 1, text[-3000:]
+        assert "stopped answering" in text.splitlines()[-1] or "stopped answering" in text[-2000:], text[-3000:]
+        assert f"flexmarl train --resume {run_dir}" in text[-2000:]
+        deadline = time.monotonic() + 60
+        while alive(procs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive(procs), alive(procs)
+    finally:
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    resumed = subprocess.run([*FLEXMARL, "train", "--resume", str(run_dir)], cwd=ROOT, env=cli_env(tmp_path),
+                             capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    verify = subprocess.run([*FLEXMARL, "store", "verify", str(run_dir)], cwd=ROOT, env=cli_env(tmp_path),
+                            capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr

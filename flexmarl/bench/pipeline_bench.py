@@ -1,15 +1,21 @@
-"""`flexmarl bench pipeline`: the schedules one after the other on one cluster, model, data and seed.
+"""`flexmarl bench pipeline`: the schedules on one cluster, model, data and seed, interleaved and repeated.
 
 It drives the engine on Dask directly (no Prefect), so it also runs on a machine with only torch,
 pyarrow, dask and deltalake. Every mode starts from the same weights and samples with the same per-request
 seeds, so with staleness 0 the trained weights of ``flexmarl`` must equal those of ``sync``.
+
+On a shared machine the load changes from minute to minute, so modes run one after the other would compare
+minutes, not schedules: each round runs every mode once (A B C A B C ...), and a mode's speedup over sync is
+the median of its rounds' ratios (each against the sync run of its own round), with their spread. Each run
+also gets a work-conserving lower bound on its wall time (``work_bound``) and its efficiency, bound / wall.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import time
+import statistics
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -70,6 +76,23 @@ def state_moves(result: PipelineResult) -> dict:
     }
 
 
+def work_bound(result: PipelineResult) -> float:
+    """A lower bound on the wall time any work-conserving schedule of this run's work needs: its busy
+    worker-seconds spread evenly over its workers, and no less than the longest agent's training (an agent's
+    micro-batches and updates run one after another)."""
+    busy = sum(s.end - s.start for s in result.spans if not s.background)
+    train: dict[str, float] = defaultdict(float)
+    for s in result.spans:
+        if s.kind == "train" and not s.background:
+            train[s.agent] += s.end - s.start
+    return max(busy / max(len(result.workers), 1), max(train.values(), default=0.0))
+
+
+def spread(values: Sequence[float]) -> dict:
+    """Median, min and max of ``values`` (one per round)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def run_mode(cfg: RunConfig, run_dir: Path, address: str) -> tuple[PipelineResult, dict]:
     run_id, store_uri = prepare_run(cfg, run_dir)
     runtime = Runtime(RunContext(run_id, str(run_dir.resolve()), store_uri, address), cfg)
@@ -92,17 +115,23 @@ def bench_pipeline(
     overrides: Sequence[str] = (),
     cluster: ClusterConfig | None = None,
     reward_threshold: float = 0.5,
+    repeats: int = 3,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Run ``modes`` in order and write ``out_dir/bench.json``, ``timeline_<mode>.png``, ``rewards.png`` (each
-    agent's reward against step and against wall time, every mode) and ``report.md``.
+    """Run ``repeats`` rounds of ``modes`` (each round every mode once, in order) and write
+    ``out_dir/bench.json``, ``timeline_<mode>.png``, ``rewards.png`` (each agent's reward against step and
+    against wall time, every mode) and ``report.md``.
 
-    Each agent's ``time_to_reward`` is the wall time at which its reward, averaged over its last
-    ``SMOOTH`` updates, first reaches ``reward_threshold`` (None when it never does): the time to accuracy
-    that a faster schedule has to win."""
+    A mode's ``wall_s``, ``bound_s`` and ``efficiency`` are medians over its rounds (``rounds`` has each
+    round's); ``speedup_vs_sync`` gives the median and spread of the per-round ratios. The timelines, rewards
+    and per-agent figures are those of the last round. Each agent's ``time_to_reward`` is the wall time at
+    which its reward, averaged over its last ``SMOOTH`` updates, first reaches ``reward_threshold`` (None when
+    it never does): the time to accuracy that a faster schedule has to win."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(f"unknown modes {unknown}; choose from {sorted(MODES)}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def mode_config(mode: str) -> RunConfig:
@@ -110,42 +139,32 @@ def bench_pipeline(
         return load_config(config, overrides=extra) if config else load_config(preset=workload, overrides=extra)
 
     cluster = cluster or mode_config(modes[0]).cluster
-    report: dict = {"workload": str(config or workload), "steps": steps, "modes": {}}
+    report: dict = {"workload": str(config or workload), "steps": steps, "repeats": repeats, "modes": {}}
     weights: dict[str, dict] = {}
+    rounds: dict[str, list[dict]] = {m: [] for m in modes}
     with open_cluster(cluster) as address:
-        for mode in modes:
-            log(f"mode {mode}: running {steps} steps")
-            shutil.rmtree(out_dir / mode, ignore_errors=True)  # each benchmark run starts its modes afresh
-            t0 = time.perf_counter()
-            result, weights[mode] = run_mode(mode_config(mode), out_dir / mode, address)
-            report["workers"] = len(result.workers)
-            per_agent = {}
-            for u in sorted(result.updates, key=lambda u: (u.agent, u.policy_version)):
-                a = per_agent.setdefault(u.agent, {"updates": 0, "samples": 0, "tokens": 0, "finished_at": [],
-                                                   "reward": []})
-                a["updates"] += 1
-                a["samples"] += u.samples
-                a["tokens"] += u.tokens
-                a["finished_at"].append(round(u.finished_at, 3))
-                a["reward"].append(u.mean_reward)
-            for a in per_agent.values():
-                a["time_to_reward"] = time_to_reward(a["reward"], a["finished_at"], reward_threshold)
-            report["modes"][mode] = {
-                "wall_s": result.wall_s,
-                "setup_s": time.perf_counter() - t0 - result.wall_s,
-                "step_s": step_times(result, steps),
-                "samples": sum(a["samples"] for a in per_agent.values()),
-                "tokens": result.tokens,
-                "utilization": result.utilization(),
-                "per_agent": per_agent,
-                "state_moves": state_moves(result),
-            }
-            draw_timeline(result, out_dir / f"timeline_{mode}.png", title=mode)
-            log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}")
-
-    if "sync" in report["modes"]:
-        base = report["modes"]["sync"]["wall_s"]
-        report["speedup_vs_sync"] = {m: base / r["wall_s"] for m, r in report["modes"].items()}
+        for r in range(repeats):
+            for mode in modes:  # interleaved: a noisy minute hits every mode alike
+                log(f"round {r + 1}/{repeats}, mode {mode}: running {steps} steps")
+                result, weights[mode] = _run_once(mode_config(mode), out_dir / mode, address)
+                bound = work_bound(result)
+                rounds[mode].append({"wall_s": result.wall_s, "bound_s": bound, "efficiency": bound / result.wall_s,
+                                     "utilization": result.utilization()})
+                log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}, "
+                    f"efficiency {bound / result.wall_s:.0%}")
+                if r == repeats - 1:
+                    report["modes"][mode] = _details(result, steps, reward_threshold, out_dir, mode)
+        report["workers"] = len(result.workers)
+    for mode, runs in rounds.items():
+        report["modes"][mode].update({k: statistics.median(run[k] for run in runs)
+                                      for k in ("wall_s", "bound_s", "efficiency", "utilization")})
+        report["modes"][mode]["wall_s_spread"] = spread([run["wall_s"] for run in runs])
+        report["modes"][mode]["rounds"] = runs
+    if "sync" in rounds:
+        report["speedup_vs_sync"] = {
+            m: spread([s["wall_s"] / x["wall_s"] for s, x in zip(rounds["sync"], runs, strict=True)])
+            for m, runs in rounds.items()
+        }
     if "sync" in weights and "flexmarl" in weights:
         diff = max(
             float((weights["sync"][a][k] - weights["flexmarl"][a][k]).abs().max())
@@ -162,18 +181,50 @@ def bench_pipeline(
     return report
 
 
+def _run_once(cfg: RunConfig, run_dir: Path, address: str) -> tuple[PipelineResult, dict]:
+    shutil.rmtree(run_dir, ignore_errors=True)  # every run of a mode starts afresh
+    return run_mode(cfg, run_dir, address)
+
+
+def _details(result: PipelineResult, steps: int, reward_threshold: float, out_dir: Path, mode: str) -> dict:
+    """What one run of a mode shows beyond its wall time: steps, samples, per-agent rewards, state moves; and
+    its timeline picture."""
+    per_agent: dict[str, dict] = {}
+    for u in sorted(result.updates, key=lambda u: (u.agent, u.policy_version)):
+        a = per_agent.setdefault(u.agent, {"updates": 0, "samples": 0, "tokens": 0, "finished_at": [], "reward": []})
+        a["updates"] += 1
+        a["samples"] += u.samples
+        a["tokens"] += u.tokens
+        a["finished_at"].append(round(u.finished_at, 3))
+        a["reward"].append(u.mean_reward)
+    for a in per_agent.values():
+        a["time_to_reward"] = time_to_reward(a["reward"], a["finished_at"], reward_threshold)
+    draw_timeline(result, out_dir / f"timeline_{mode}.png", title=mode)
+    return {
+        "step_s": step_times(result, steps),
+        "samples": sum(a["samples"] for a in per_agent.values()),
+        "tokens": result.tokens,
+        "per_agent": per_agent,
+        "state_moves": state_moves(result),
+    }
+
+
 def markdown_table(report: dict) -> str:
     lines = [
         f"# Pipeline benchmark: {report['workload']}, {report['steps']} steps, {report.get('workers')} workers",
         "",
-        "| mode | wall s | speedup vs sync | utilisation | samples | tokens |",
-        "|---|---|---|---|---|---|",
+        f"Medians of {report['repeats']} interleaved rounds, [min, max] across rounds; the speedup is each "
+        "round's sync wall time over the mode's; efficiency = work bound / wall time.",
+        "",
+        "| mode | wall s | speedup vs sync | utilisation | bound s | efficiency | samples | tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in report["modes"].items():
-        speedup = report.get("speedup_vs_sync", {}).get(mode)
+        w, x = r["wall_s_spread"], report.get("speedup_vs_sync", {}).get(mode)
+        speedup = "-" if x is None else f"{x['median']:.2f}x [{x['min']:.2f}, {x['max']:.2f}]"
         lines.append(
-            f"| {mode} | {r['wall_s']:.2f} | {'-' if speedup is None else f'{speedup:.2f}x'} | "
-            f"{r['utilization']:.0%} | {r['samples']} | {r['tokens']} |"
+            f"| {mode} | {r['wall_s']:.2f} [{w['min']:.2f}, {w['max']:.2f}] | {speedup} | {r['utilization']:.0%} | "
+            f"{r['bound_s']:.2f} | {r['efficiency']:.0%} | {r['samples']} | {r['tokens']} |"
         )
     if "weights_match_sync" in report:
         lines += ["", f"weights_match_sync: {report['weights_match_sync']} "

@@ -1,0 +1,43 @@
+"""`flexmarl bench pipeline`: rounds interleave the modes, and the report gives medians, spreads and bounds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flexmarl.bench.pipeline_bench import bench_pipeline, spread, work_bound
+from flexmarl.cluster.config import ClusterConfig
+from flexmarl.orchestrator.records import PipelineResult, Span
+
+
+def test_the_work_bound_spreads_busy_time_over_workers_and_keeps_each_agents_training_serial() -> None:
+    spans = [Span("w1", "rollout", "a", 0, 4), Span("w2", "rollout", "b", 0, 2), Span("w1", "train", "a", 4, 5),
+             Span("w2", "swap", "b", 2, 3, background=True)]  # a background read is not busy time
+    assert work_bound(PipelineResult(0.0, 10.0, spans, [], ["w1", "w2"], 0)) == 3.5  # (4 + 2 + 1) / 2 workers
+    one_agent = [Span("w1", "train", "a", 0, 6), Span("w2", "rollout", "b", 0, 1)]
+    assert work_bound(PipelineResult(0.0, 10.0, one_agent, [], ["w1", "w2"], 0)) == 6.0  # a's training is serial
+    assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+
+
+def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tmp_path: Path) -> None:
+    order: list[str] = []
+    report = bench_pipeline(out_dir=tmp_path, modes=["sync", "flexmarl"], steps=1, workload="tiny", repeats=2,
+                            cluster=ClusterConfig(n_workers=2), log=order.append)
+    assert [line.split(":")[0] for line in order if line.startswith("round")] == [
+        "round 1/2, mode sync", "round 1/2, mode flexmarl", "round 2/2, mode sync", "round 2/2, mode flexmarl"]
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["repeats"] == 2 and saved["weights_match_sync"]
+    for mode in ("sync", "flexmarl"):
+        r = saved["modes"][mode]
+        assert len(r["rounds"]) == 2
+        walls = sorted(run["wall_s"] for run in r["rounds"])
+        assert r["wall_s"] == pytest.approx(sum(walls) / 2) and r["wall_s_spread"]["min"] == walls[0]
+        assert 0 < r["efficiency"] <= 1.0 + 1e-9 and r["bound_s"] <= r["wall_s"] + 1e-9
+    ratios = [s["wall_s"] / f["wall_s"] for s, f in zip(saved["modes"]["sync"]["rounds"],
+                                                         saved["modes"]["flexmarl"]["rounds"], strict=True)]
+    assert saved["speedup_vs_sync"]["flexmarl"]["min"] == pytest.approx(min(ratios))
+    assert saved["speedup_vs_sync"]["sync"]["median"] == 1.0
+    assert "efficiency" in (tmp_path / "report.md").read_text() and (tmp_path / "timeline_flexmarl.png").is_file()
+    assert report["modes"]["flexmarl"]["per_agent"]

@@ -24,10 +24,13 @@ def pipeline(
     config: Annotated[Optional[Path], typer.Option(help="A config file instead of a preset workload.")] = None,
     reward_threshold: Annotated[float, typer.Option(help="Reward whose first arrival (mean of 5 updates) each "
                                                     "mode's time_to_reward reports.")] = 0.5,
+    repeats: Annotated[int, typer.Option(min=1, help="Rounds; each runs every mode once (interleaved), the "
+                                         "report gives medians and spreads.")] = 3,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
 ) -> None:
-    """Run the schedules one after the other on the same cluster, model, data and seed; reward against step
-    and wall time per mode in rewards.png, and each agent's time to --reward-threshold."""
+    """Run the schedules on the same cluster, model, data and seed, in interleaved rounds; medians and spreads
+    of wall time, speedup and efficiency (work bound / wall); reward against step and wall time per mode in
+    rewards.png, and each agent's time to --reward-threshold."""
     from flexmarl.bench.pipeline_bench import bench_pipeline
     from flexmarl.config import ConfigError
 
@@ -35,7 +38,7 @@ def pipeline(
         report = bench_pipeline(
             out_dir=out, modes=[m.strip() for m in modes.split(",") if m.strip()], steps=steps,
             workload=workload, config=config, overrides=set_ or [], reward_threshold=reward_threshold,
-            log=console.print,
+            repeats=repeats, log=console.print,
         )
     except (ConfigError, ValueError) as exc:
         fail(str(exc))

@@ -77,15 +77,17 @@ def state_moves(result: PipelineResult) -> dict:
 
 
 def work_bound(result: PipelineResult) -> float:
-    """A lower bound on the wall time any work-conserving schedule of this run's work needs: its busy
-    worker-seconds spread evenly over its workers, and no less than the longest agent's training (an agent's
-    micro-batches and updates run one after another)."""
-    busy = sum(s.end - s.start for s in result.spans if not s.background)
+    """A lower bound on the wall time of this run's work under any work-conserving schedule: its generation and
+    training worker-seconds spread evenly over its workers, and no less than the longest agent's training (an
+    agent's micro-batches and updates run one after another). Weight syncs and state moves are left out: they
+    are the schedule's own overhead, which a better schedule could avoid, so efficiency = bound / wall time
+    is below utilisation by what they cost."""
+    work = sum(s.end - s.start for s in result.spans if s.kind in ("rollout", "train") and not s.background)
     train: dict[str, float] = defaultdict(float)
     for s in result.spans:
         if s.kind == "train" and not s.background:
             train[s.agent] += s.end - s.start
-    return max(busy / max(len(result.workers), 1), max(train.values(), default=0.0))
+    return max(work / max(len(result.workers), 1), max(train.values(), default=0.0))
 
 
 def spread(values: Sequence[float]) -> dict:

@@ -12,9 +12,9 @@ from flexmarl.cluster.config import ClusterConfig
 from flexmarl.orchestrator.records import PipelineResult, Span
 
 
-def test_the_work_bound_spreads_busy_time_over_workers_and_keeps_each_agents_training_serial() -> None:
+def test_the_work_bound_spreads_the_work_over_workers_and_keeps_each_agents_training_serial() -> None:
     spans = [Span("w1", "rollout", "a", 0, 4), Span("w2", "rollout", "b", 0, 2), Span("w1", "train", "a", 4, 5),
-             Span("w2", "swap", "b", 2, 3, background=True)]  # a background read is not busy time
+             Span("w2", "sync", "b", 2, 3), Span("w2", "swap", "b", 3, 4)]  # the schedule's overhead: not work
     assert work_bound(PipelineResult(0.0, 10.0, spans, [], ["w1", "w2"], 0)) == 3.5  # (4 + 2 + 1) / 2 workers
     one_agent = [Span("w1", "train", "a", 0, 6), Span("w2", "rollout", "b", 0, 1)]
     assert work_bound(PipelineResult(0.0, 10.0, one_agent, [], ["w1", "w2"], 0)) == 6.0  # a's training is serial

@@ -175,11 +175,13 @@ class PipelineRunner:
             except (TimeoutError, DaskTimeoutError):
                 self.supervisor.poll(force=True)  # the worker holding the value died: its work is redone
                 self._carry_out()  # the recovery's commands forget the lost worker's tasks, this one among them
-                if fut in self.task_of:
+                if fut in self.task_of:  # it holds the value but does not answer (frozen): a hung worker
                     task = self.task_of[fut]
                     with self._blame(task):
-                        raise TimeoutError(f"the value of finished task {task.kind.label} {task.agent!r} cannot "
-                                           f"be fetched from {task.worker} within {RESULT_WAIT_S:.0f}s") from None
+                        self.supervisor.restart({task.worker}, f"the value of finished task {task.kind.label} "
+                                                f"{task.agent!r} cannot be fetched from {task.worker} within "
+                                                f"{RESULT_WAIT_S:.0f}s", TimeoutError)
+                    self.last_progress = time.time()
                 continue
             except Exception:
                 with self._blame(self.task_of[fut]):  # the task's own error fails the run

@@ -83,6 +83,8 @@ def test_a_replica_that_stops_answering_is_replaced(
     fault = WorkerFault(None, "generate", nth=2, sig=signal.SIGSTOP)
     result, weights, _ = run_with_fault(cfg, tmp_path / "run", address, fault)
     recovery = recovery_of(result, fault.worker)
-    expected = "cluster.heartbeat_timeout_s" if detected_by == "heartbeat" else "rollout.request_timeout_s"
-    assert recovery.cause.startswith("hung: ") and expected in recovery.cause, recovery.cause
+    # when the signal lands just after the batch finished, the worker is found holding its value unanswered
+    expected = (["cluster.heartbeat_timeout_s"] if detected_by == "heartbeat"
+                else ["rollout.request_timeout_s", "cannot be fetched"])
+    assert recovery.cause.startswith("hung: ") and any(e in recovery.cause for e in expected), recovery.cause
     assert_exact(tmp_path / "run", cfg, weights)

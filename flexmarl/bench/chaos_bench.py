@@ -83,7 +83,7 @@ class WorkerFault:
 
     @property
     def at(self) -> str:
-        return f"{self.task_kind} task #{self.nth} on {self.worker}"
+        return f"{self.task_kind} task #{self.seen} on {self.worker}"  # #nth, or later if that worker was gone
 
 
 def kill_at_commit(pid: int, store: ExperienceStore, agents: Sequence[str], commits: int, *, timeout_s: float,

@@ -177,11 +177,8 @@ class PipelineRunner:
                 self._carry_out()  # the recovery's commands forget the lost worker's tasks, this one among them
                 if fut in self.task_of:  # it holds the value but does not answer (frozen): a hung worker
                     task = self.task_of[fut]
-                    with self._blame(task):
-                        self.supervisor.restart({task.worker}, f"the value of finished task {task.kind.label} "
-                                                f"{task.agent!r} cannot be fetched from {task.worker} within "
-                                                f"{RESULT_WAIT_S:.0f}s", TimeoutError)
-                    self.last_progress = time.time()
+                    self._restart_hung(task, f"the value of finished task {task.kind.label} {task.agent!r} cannot "
+                                             f"be fetched from {task.worker} within {RESULT_WAIT_S:.0f}s", TimeoutError)
                 continue
             except Exception:
                 with self._blame(self.task_of[fut]):  # the task's own error fails the run
@@ -257,13 +254,18 @@ class PipelineRunner:
             late = [f for f, d in self.deadlines.items() if d <= now]
             if late:
                 task = self.task_of[late[0]]
-                with self._blame(task):
-                    self.supervisor.restart({task.worker}, self._late_message(task), self._late_error(task))
-                self.last_progress = time.time()
+                self._restart_hung(task, self._late_message(task), self._late_error(task))
                 return None
             if now >= self.last_progress + self.timeout_s and not self.deadlines and not self.sched.recovery.waiting:
                 what = sorted({f"{t.kind.label} {t.agent}" for t in self.sched.inflight})
                 raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}")
+
+    def _restart_hung(self, task: Task, why: str, error: type[Exception]) -> None:
+        """Have the supervisor replace ``task``'s hung worker (raising ``error``, blamed on its agent, where it
+        cannot); the wait for progress starts again."""
+        with self._blame(task):
+            self.supervisor.restart({task.worker}, why, error)
+        self.last_progress = time.time()
 
     @staticmethod
     def _late_error(task: Task) -> type[Exception]:

@@ -18,8 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import json
-
 import fsspec
 import torch
 from safetensors.torch import load as load_tensors
@@ -51,13 +49,7 @@ def find_snapshot(root: str, agent: str, version: int, storage_options: dict | N
 def snapshot_problem(root: str, agent: str, version: int, storage_options: dict | None = None) -> str | None:
     """Why ``agent``'s snapshot of ``version`` cannot be restarted from (missing, cut short, another
     version), or None when it is whole."""
-    uri = snapshot_uri(root, agent, version)
-    problem = state_problem(uri, storage_options)
-    if problem is None:
-        fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
-        held = json.loads(fs.cat_file(f"{path}/{META}")).get("version")
-        problem = None if held == version else f"holds v{held}"
-    return problem
+    return state_problem(snapshot_uri(root, agent, version), storage_options, version=version)
 
 
 def newest_whole_snapshot(root: str, agent: str, below: int, storage_options: dict | None = None) -> int:

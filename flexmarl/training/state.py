@@ -164,8 +164,9 @@ class HostCopy:
         return cls(weights, tensors, meta)
 
 
-def state_problem(uri: str, storage_options: dict | None = None) -> str | None:
-    """What is wrong with the stored state at ``uri`` (missing, cut short, unreadable), or None if it looks whole.
+def state_problem(uri: str, storage_options: dict | None = None, *, version: int | None = None) -> str | None:
+    """What is wrong with the stored state at ``uri`` (missing, cut short, unreadable, or not of ``version``
+    when one is given), or None if it looks whole.
 
     Cheap: it reads the JSON file and the safetensors headers, and checks that each file is as long as its
     header says; it does not read the tensors (bytes flipped inside a tensor go unnoticed).
@@ -179,6 +180,8 @@ def state_problem(uri: str, storage_options: dict | None = None) -> str | None:
         return f"has a {META} that does not parse ({exc})"
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         return f"has a {META} of another format ({meta.get('format') if isinstance(meta, dict) else meta!r})"
+    if version is not None and meta.get("version") != version:
+        return f"holds v{meta.get('version')}"
     for name in (WEIGHTS, OPTIMIZER):
         problem = _tensor_file_problem(fs, f"{root}/{name}")
         if problem is not None:

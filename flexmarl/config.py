@@ -87,6 +87,20 @@ class RunConfig(MEGSpec):
         return self
 
     @model_validator(mode="after")
+    def _check_adapters(self) -> RunConfig:
+        if self.training.adapter is not None:
+            raise ValueError("training.adapter: an adapter is set per agent; write agents.<name>.adapter instead")
+        for agent, spec in self.agents.items():
+            if "adapter" in spec.training:
+                raise ValueError(f"agents.{agent}.training.adapter: write it as agents.{agent}.adapter")
+        adapters = [a for a, spec in self.agents.items() if spec.adapter is not None]
+        if adapters and self.rollout.backend != "hf":
+            raise ValueError(
+                f"agents {adapters} train LoRA adapters, which rollout.backend={self.rollout.backend!r} does not serve "
+                "yet (its replicas would hold a full model per agent); use rollout.backend=hf, or remove the adapters")
+        return self
+
+    @model_validator(mode="after")
     def _check_agent_training(self) -> RunConfig:
         for agent, spec in self.agents.items():
             for key in TrainerConfig.RUN_WIDE:
@@ -119,11 +133,12 @@ class RunConfig(MEGSpec):
         return self
 
     def trainer_config(self, agent: str) -> TrainerConfig:
-        """The agent's trainer settings: ``training`` with the agent's own ``training`` overrides."""
-        overrides = self.agents[agent].training
-        if not overrides:
+        """The agent's trainer settings: ``training`` with the agent's own ``training`` overrides and adapter."""
+        spec = self.agents[agent]
+        if not spec.training and spec.adapter is None:
             return self.training
-        return TrainerConfig.model_validate({**self.training.model_dump(), **overrides})
+        adapter = {"adapter": spec.adapter.model_dump()} if spec.adapter is not None else {}
+        return TrainerConfig.model_validate({**self.training.model_dump(), **spec.training, **adapter})
 
     def samples_per_step(self, agent: str) -> int:
         """The agent's largest global batch: one sample per (query, group member, expanded node of the agent).

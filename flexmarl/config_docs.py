@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 import typing
 
 from pydantic import BaseModel
@@ -12,6 +13,7 @@ from pydantic.fields import FieldInfo
 
 from flexmarl.config import RunConfig
 from flexmarl.meg.spec import AgentSpec, GraphSpec, LoopSpec, NodeSpec, StopWhen
+from flexmarl.models.adapter_config import AdapterConfig
 
 HEADER = """# Configuration reference
 
@@ -26,7 +28,7 @@ setting accepts beyond its type (`any`: every value of the type); a value outsid
 
 def _type_name(annotation: typing.Any) -> str:
     name = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
-    text = name or str(annotation).replace("typing.", "").replace("flexmarl.meg.spec.", "")
+    text = name or re.sub(r"\bflexmarl(\.\w+)+\.(?=[A-Z])", "", str(annotation).replace("typing.", ""))
     return text.replace("|", "\\|")  # a bare | would split the markdown table cell
 
 
@@ -69,6 +71,7 @@ def section(title: str, model: type[BaseModel], prefix: str) -> list[str]:
 def render() -> str:
     parts = [HEADER]
     parts += section("agents.<name>", AgentSpec, "agents.<name>.")
+    parts += section("agents.<name>.adapter", AdapterConfig, "agents.<name>.adapter.")
     parts += section("graph", GraphSpec, "graph.")
     parts += section("graph.nodes[]", NodeSpec, "")
     parts += section("graph.loops[]", LoopSpec, "")

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from flexmarl.config import RunConfig, dump_config
+from flexmarl.models.adapters import check_adapter_targets
 from flexmarl.models.loading import BUILTIN_MODELS, ModelError, check_model_dir, resolve_model
 from flexmarl.workloads.datasets import load_tasks
 
@@ -52,6 +53,11 @@ def check_inputs(cfg: RunConfig) -> None:
                 f"agents.{name}.model: {agent.model!r} cannot be read as a model ({type(exc).__name__}: "
                 f"{_first_line(exc)}); give a Hugging Face model directory written by save_pretrained, or a .gguf file"
             ) from None
+        if agent.adapter is not None:
+            try:
+                check_adapter_targets(resolve_model(agent.model, seed=cfg.train.seed), agent.adapter)
+            except ModelError as exc:
+                raise ModelError(f"agents.{name}.{exc}") from None
     load_tasks(cfg.data)
     _passed.add(key)
 

@@ -20,9 +20,12 @@ from pathlib import Path
 import torch
 
 from flexmarl.config import RunConfig
+from flexmarl.models.adapters import AdapterHost
 from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.rollout.adapter_backend import AdapterBackend
 from flexmarl.rollout.backend import GenerationRequest, WeightUpdate
 from flexmarl.rollout.episodes import Episode, EpisodeGraph, NodeOutput, request_seed
+from flexmarl.rollout.hf_backend import HFBackend
 from flexmarl.rollout.replica import open_backend
 from flexmarl.rollout.scoring import scale_by_agent, score
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
@@ -40,10 +43,20 @@ def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict
     model_dirs = {a: str(resolve_model(spec.model, seed=cfg.train.seed)) for a, spec in cfg.agents.items()}
     graph = EpisodeGraph(cfg, {a: load_tokenizer(Path(d)) for a, d in model_dirs.items()})
     trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
-    generators = {a: open_backend(d, 0, cfg.rollout) for a, d in model_dirs.items()}
+    # adapter agents of one model share a base for generating and one for training, as on a worker
+    hosts: dict[tuple[str, str], AdapterHost] = {}
+    for a, spec in cfg.agents.items():
+        for use in ("rollout", "train") if spec.adapter is not None else ():
+            if (use, model_dirs[a]) not in hosts:
+                hosts[use, model_dirs[a]] = AdapterHost(model_dirs[a], HFBackend.default_device())
+    generators = {
+        a: AdapterBackend(hosts["rollout", model_dirs[a]], a, spec.adapter) if spec.adapter is not None
+        else open_backend(model_dirs[a], 0, cfg.rollout)
+        for a, spec in cfg.agents.items()
+    }
     trainers = {
         a: AgentTrainer(a, model_dirs[a], trainer_cfg[a], temperature=spec.sampling.temperature,
-                        max_new_tokens=spec.sampling.max_new_tokens)
+                        max_new_tokens=spec.sampling.max_new_tokens, host=hosts.get(("train", model_dirs[a])))
         for a, spec in cfg.agents.items()
     }
     tasks = task_stream(cfg.data)

@@ -887,6 +887,8 @@ CLI_CASES: dict[str, Callable] = {
     "bad scheduler address": lambda t, s: train_tiny(t, "--dask-address", "localhost"),
     "run-wide setting per agent": lambda t, s: validate_tiny("agents.solver.training.mixed_precision=bf16"),
     "fp16": lambda t, s: validate_tiny("training.mixed_precision=fp16"),
+    "adapter on layers the model lacks": lambda t, s: validate_tiny("agents.solver.adapter={target_modules: [c_attn]}"),
+    "adapter set under training": lambda t, s: validate_tiny("training.adapter={r: 4}"),
     "vLLM not installed": lambda t, s: validate_tiny("rollout.backend=vllm"),
     "missing model path": lambda t, s: validate_tiny(f"agents.solver.model={t / 'no-model'}"),
     "not a model directory": lambda t, s: (t / "empty").mkdir() or validate_tiny(f"agents.solver.model={t / 'empty'}"),

@@ -28,6 +28,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from flexmarl.configbase import Strict, did_you_mean
 from flexmarl.meg.graph import DeclaredLoop, DeclaredNode, ExpandedGraph, expand
+from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.names import check_model_setting
 from flexmarl.workloads.registry import PARSERS, REWARD_TASK_FIELDS, REWARDS
 
@@ -74,7 +75,12 @@ class SamplingConfig(Strict):
 class AgentSpec(Strict):
     model: str = "tiny"
     """'tiny', 'tiny-large', 'smollm2-135m-instruct', a local Hugging Face model directory or a .gguf file.
-    Agents may name the same model: each still trains its own copy of the weights."""
+    Agents may name the same model: each trains its own copy of the weights, or, with ``adapter``, its own
+    adapter on one shared copy of the model."""
+    adapter: AdapterConfig | None = None
+    """Train a LoRA adapter instead of the whole model, e.g. ``{type: lora, r: 8, alpha: 16}``: agents with the same
+    ``model`` and an adapter share one base in each rollout replica and each training slot, and weight syncs,
+    state moves and snapshots carry only the adapter. null: the agent trains all its weights."""
     prompt: str
     """User message template; ``{field}`` reads a task field or a parent node's response."""
     system: str | None = None

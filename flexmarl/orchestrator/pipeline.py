@@ -360,7 +360,7 @@ class PipelineRunner:
         if isinstance(task, StartReplica):
             weights = snapshots.weights_uri(self._snapshot(agent, task.version))
             return replica_fns.restart_replica, (key, self.model_dirs[agent], task.version, self.cfg.rollout,
-                                                 weights, options)
+                                                 weights, options, self.cfg.agents[agent].adapter)
         if isinstance(task, CatchUp):
             weights = snapshots.weights_uri(self._snapshot(agent, task.version))
             return replica_fns.load_weights_from, (key, task.version, weights, options)

@@ -278,11 +278,11 @@ class Runtime:
             for worker in self.engines[agent]:
                 if snapshot is None:
                     futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
-                                             version, self.cfg.rollout))
+                                             version, self.cfg.rollout, spec.adapter))
                 else:
                     futures.append(submit_on(self.client, worker, replica.restart_replica, self.key(agent),
                                              model_dir, version, self.cfg.rollout, snapshots.weights_uri(snapshot),
-                                             options))
+                                             options, spec.adapter))
             if snapshot is None:
                 futures.append(submit_on(self.client, self.trainers[agent], slot.start_trainer, self.key(agent),
                                          model_dir, *trainer_args, version))

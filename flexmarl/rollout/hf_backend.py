@@ -24,13 +24,17 @@ class HFBackend:
     """
 
     def __init__(self, model_dir: str | Path, *, version: int = 0, device: str | None = None) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device) if device else self.default_device()
         tok = load_tokenizer(Path(model_dir))
         self.pad_id = tok.pad_token_id
         self.eos_id = tok.eos_token_id
         self.model = load_model(Path(model_dir)).to(self.device).eval()
         check_tokenizer_matches(self.model, tok, Path(model_dir))
         self.version = version
+
+    @staticmethod
+    def default_device() -> torch.device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -1,7 +1,9 @@
 """Functions that run on a Dask worker to host and drive rollout replicas.
 
 The driver submits them pinned to a worker (``workers=[address]``); they find the replica in the
-worker's engine registry under ``key`` (``"<run id>/<agent>"``), so several runs can share a cluster.
+worker's engine registry under ``key`` (``"<run id>/<agent>"``), so several runs can share a cluster. The replicas
+of a run's adapter agents on one worker share one base model per model directory (an ``AdapterHost`` under
+``"<run id>/~base:<model dir>"``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import torch
 from safetensors.torch import load as load_tensors
 
 from flexmarl.cluster.worker_state import engines, worker_address
+from flexmarl.models.adapter_config import AdapterConfig
+from flexmarl.models.adapters import AdapterHost
+from flexmarl.rollout.adapter_backend import AdapterBackend
 from flexmarl.rollout.backend import (
     GenerationBackend,
     GenerationRequest,
@@ -27,18 +32,30 @@ def _key(key: str) -> str:
     return f"replica:{key}"
 
 
-def open_backend(model_dir: str, version: int, rollout: RolloutConfig) -> GenerationBackend:
-    """The backend ``rollout.backend`` names, loaded and ready to generate."""
+def open_backend(
+    model_dir: str, version: int, rollout: RolloutConfig, key: str = "", adapter: AdapterConfig | None = None
+) -> GenerationBackend:
+    """The backend ``rollout.backend`` names, loaded and ready to generate; for an adapter agent, its adapter
+    on this worker's shared base (``key``: the replica's)."""
+    if adapter is not None:
+        run_id, agent = key.rsplit("/", 1)
+        registry, host_key = engines(), _key(f"{run_id}/~base:{model_dir}")
+        host = registry.get(host_key)
+        if host is None:
+            host = registry[host_key] = AdapterHost(model_dir, HFBackend.default_device())
+        return AdapterBackend(host, agent, adapter, version=version)
     if rollout.backend == "vllm":
         return VLLMBackend(model_dir, version=version, settings=rollout.vllm).start()
     return HFBackend(model_dir, version=version)
 
 
-def start_replica(key: str, model_dir: str, version: int, rollout: RolloutConfig | None = None) -> str:
+def start_replica(
+    key: str, model_dir: str, version: int, rollout: RolloutConfig | None = None, adapter: AdapterConfig | None = None
+) -> str:
     """Load the model on this worker (once), with the backend of ``rollout`` (default: hf); returns the address."""
     registry = engines()
     if _key(key) not in registry:
-        registry[_key(key)] = open_backend(model_dir, version, rollout or RolloutConfig())
+        registry[_key(key)] = open_backend(model_dir, version, rollout or RolloutConfig(), key, adapter)
     return worker_address()
 
 
@@ -71,14 +88,19 @@ def read_weights(uri: str, storage_options: dict | None = None) -> dict[str, tor
 
 
 def restart_replica(
-    key: str, model_dir: str, version: int, rollout: RolloutConfig, weights_uri: str | None, storage_options: dict
+    key: str, model_dir: str, version: int, rollout: RolloutConfig, weights_uri: str | None, storage_options: dict,
+    adapter: AdapterConfig | None = None,
 ) -> str:
     """Build ``key``'s replica afresh on this worker (replacing any) at ``version``: the weights of
     ``weights_uri`` (a training-state snapshot's), or of ``model_dir`` at version 0. Returns the address."""
-    backend = open_backend(model_dir, 0, rollout)
+    backend = open_backend(model_dir, 0, rollout, key, adapter)
     if weights_uri is not None:
         backend.update_weights(WeightUpdate(key, version, read_weights(weights_uri, storage_options)))
-    engines()[_key(key)] = backend
+    registry = engines()
+    old = registry.get(_key(key))
+    registry[_key(key)] = backend
+    if old is not None and callable(getattr(old, "close", None)):
+        old.close()
     return worker_address()
 
 

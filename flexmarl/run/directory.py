@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING
 
 from flexmarl.config import ConfigError, RunConfig, load_config
 from flexmarl.orchestrator.records import PipelineResult
-from flexmarl.run.layout import CHECKPOINTS_DIR, CONFIG_FILE, REPORT_FILE, STORE_DIR, TIMELINE_FILE
+from flexmarl.run.layout import (
+    ADAPTER_CONFIG, CHECKPOINTS_DIR, CONFIG_FILE, MODEL_CONFIG, REPORT_FILE, STORE_DIR, TIMELINE_FILE,
+)
 from flexmarl.run.timeline_file import read_timeline
 from storage.store import ExperienceStore
 
@@ -93,7 +95,7 @@ class RunDirectory:
         found = {}
         for d in root.iterdir() if root.is_dir() else []:
             m = _VERSION_DIR.fullmatch(d.name)
-            if m and (d / "config.json").is_file():
+            if m and ((d / MODEL_CONFIG).is_file() or (d / ADAPTER_CONFIG).is_file()):
                 found[int(m.group(1))] = d
         return dict(sorted(found.items()))
 

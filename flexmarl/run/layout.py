@@ -7,7 +7,8 @@
     RUN_DIR/meg.png, rewards.png             the graph and the agents' rewards, as the flow run's artifacts show
     RUN_DIR/store/                           the Delta tables (or the config's store.uri)
     RUN_DIR/state/                           training states: parked, and snapshots (or training.state_uri)
-    RUN_DIR/checkpoints/<agent>/v<N>/        Hugging Face directories: weights and tokenizer
+    RUN_DIR/checkpoints/<agent>/v<N>/        Hugging Face directories: weights and tokenizer (an adapter agent's:
+                                             its adapter in peft's format, adapter_config.json, and tokenizer)
 """
 
 CONFIG_FILE = "config.yaml"
@@ -19,3 +20,5 @@ REWARDS_PICTURE = "rewards.png"
 STORE_DIR = "store"
 STATE_DIR = "state"
 CHECKPOINTS_DIR = "checkpoints"
+MODEL_CONFIG = "config.json"  # a full model's checkpoint
+ADAPTER_CONFIG = "adapter_config.json"  # an adapter agent's (peft's file)

@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 
 from flexmarl.configbase import Strict
+from flexmarl.models.adapter_config import AdapterConfig
 
 LossType = Literal["grpo", "dapo", "dr_grpo"]
 
@@ -90,6 +91,9 @@ class TrainerConfig(Strict):
     replaced by new queries (DAPO's over-sampling), so a batch trains on fewer groups. With ``kl_coef`` > 0
     the dropped samples' KL term is lost too. Off by default, as in TRL and verl (DAPO turns it on): it
     changes the effective batch size and so the step size tuned for a preset."""
+
+    adapter: AdapterConfig | None = None
+    """Set from ``agents.<name>.adapter`` (the one place to write it): train a LoRA adapter, not the whole model."""
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

@@ -2,7 +2,8 @@
 
 A trainer reads its micro-batches from the store itself, pinned to the Delta version the driver names, so
 only a store URI, version numbers and sample ids travel with a task, never tensors. Trainers live in the
-worker's engine registry under ``key`` (``"<run id>/<agent>"``).
+worker's engine registry under ``key`` (``"<run id>/<agent>"``). The trainers of a run's adapter agents on one
+worker share one base model per model directory (an ``AdapterHost`` under ``"<run id>/~base:<model dir>"``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 import torch
 
 from flexmarl.cluster.worker_state import engines, worker_address
+from flexmarl.models.adapters import AdapterHost
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
-from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult
+from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult, shared_accelerator
 from storage.store import StoreSpec
 
 
@@ -29,15 +31,36 @@ def _prefetch_key(key: str) -> str:
     return f"prefetch:{key}"
 
 
+def build_trainer(
+    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, version: int = 0
+) -> AgentTrainer:
+    """A new trainer of ``key``'s agent (not registered); an adapter agent's adds its adapter to the base this
+    worker shares among the run's adapter agents of that model."""
+    run_id, agent = key.rsplit("/", 1)
+    host = None
+    if config.adapter is not None:
+        registry, host_key = engines(), _key(f"{run_id}/~base:{model_dir}")
+        host = registry.get(host_key)
+        if host is None:
+            host = registry[host_key] = AdapterHost(model_dir, shared_accelerator(config.mixed_precision).device)
+    return AgentTrainer(agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens,
+                        version=version, host=host)
+
+
+def install(key: str, trainer: AgentTrainer) -> None:
+    """Make ``trainer`` the one of ``key`` on this worker, closing any it replaces."""
+    registry = engines()
+    old = registry.get(_key(key))
+    registry[_key(key)] = trainer
+    if old is not None and old is not trainer:
+        old.close()
+
+
 def start_trainer(
     key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, version: int
 ) -> str:
-    registry = engines()
-    if _key(key) not in registry:
-        agent = key.rsplit("/", 1)[-1]
-        registry[_key(key)] = AgentTrainer(
-            agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens, version=version
-        )
+    if _key(key) not in engines():
+        install(key, build_trainer(key, model_dir, config, temperature, max_new_tokens, version))
     return worker_address()
 
 
@@ -121,7 +144,7 @@ def resume(
         RuntimeError: the state found is not at ``version`` (a stale state at ``location``).
     """
     agent = key.rsplit("/", 1)[-1]
-    fresh = AgentTrainer(agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens)
+    fresh = build_trainer(key, model_dir, config, temperature, max_new_tokens)
     pending = engines().pop(_prefetch_key(key), None)
     load_start = time.perf_counter()
     prefetched = None
@@ -135,8 +158,9 @@ def resume(
     state.to(DEVICE, trainer=fresh)
     load_s = time.perf_counter() - load_start
     if fresh.version != version:
+        fresh.close()
         raise RuntimeError(f"the state of {agent!r} at {location} is at v{fresh.version}, expected v{version}")
-    engines()[_key(key)] = fresh
+    install(key, fresh)
     return {"worker": worker_address(), "load_s": load_s, "prefetch": prefetched}
 
 

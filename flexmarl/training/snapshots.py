@@ -22,11 +22,10 @@ import fsspec
 import torch
 from safetensors.torch import load as load_tensors
 
-from flexmarl.cluster.worker_state import engines, worker_address
+from flexmarl.cluster.worker_state import worker_address
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import DEVICE, META, WEIGHTS, TrainingState, state_problem
-from flexmarl.training.trainer import AgentTrainer
 
 SNAPSHOTS = "by-version"  # under the run's state location
 
@@ -116,16 +115,13 @@ def restore_trainer(
     A fresh trainer holds no accumulated gradient: the step it was in is trained again from its start.
     """
     agent = key.rsplit("/", 1)[-1]
-    trainer = AgentTrainer(agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens)
+    trainer = slot.build_trainer(key, model_dir, config, temperature, max_new_tokens)
     if snapshot is not None:
         TrainingState.at(agent, snapshot, storage_options=storage_options).to(DEVICE, trainer=trainer)
     if trainer.version != version:
+        trainer.close()
         raise SnapshotError(f"the snapshot {snapshot} of agent {agent!r} holds v{trainer.version}, not v{version}")
-    registry = engines()
-    old = registry.get(slot._key(key))  # a trainer left over from before the fault
-    registry[slot._key(key)] = trainer
-    if old is not None:
-        old.close()
+    slot.install(key, trainer)  # replacing a trainer left over from before the fault
     return worker_address()
 
 

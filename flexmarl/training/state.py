@@ -1,6 +1,6 @@
 """An agent's whole training state, and the one API that moves it: ``TrainingState.to(location)``.
 
-The state is the weights, the AdamW moments and step counts, the lr scheduler's position, the policy
+The state is the weights (an adapter agent's: its adapter's tensors only), the AdamW moments and step counts, the lr scheduler's position, the policy
 version and the RNG state. It sits at exactly one location at a time:
 
 - ``"device"``: live in a trainer, on its accelerator (on a CPU-only worker, in the trainer's memory);
@@ -69,9 +69,8 @@ class HostCopy:
                 "sum is not part of the state; move the state after finish_step"
             )
         pin = torch.cuda.is_available()
-        model = trainer.accelerator.unwrap_model(trainer.model)
         # each name gets its own copy: safetensors refuses tensors that share memory (tied embeddings)
-        weights = {k: _host(v.detach(), pin) for k, v in model.state_dict().items()}
+        weights = {k: _host(v.detach(), pin) for k, v in trainer.policy_state().items()}
         opt = trainer.optimizer.state_dict()
         tensors, scalars = {}, {}
         for index, per_param in opt["state"].items():
@@ -107,7 +106,7 @@ class HostCopy:
             )
         if trainer.step_under_way:
             raise RuntimeError(f"agent {trainer.agent!r} is in the middle of an update: cannot replace its state")
-        trainer.accelerator.unwrap_model(trainer.model).load_state_dict(self.weights)  # copies onto the device
+        trainer.load_policy_state(self.weights)  # copies onto the device
         state: dict[int, dict] = {}
         for key, value in self.optimizer.items():
             index, name = key.split(".", 1)
@@ -228,7 +227,7 @@ class TrainingState:
     @classmethod
     def of(cls, trainer) -> TrainingState:
         """The state a live trainer holds: on its accelerator, or in host memory after ``to("host")``."""
-        first = next(trainer.accelerator.unwrap_model(trainer.model).parameters())
+        first = next(iter(trainer.params.values()))
         on_host = trainer.accelerator.device.type != "cpu" and first.device.type == "cpu"
         return cls(trainer.agent, HOST if on_host else DEVICE, trainer=trainer)
 
@@ -312,8 +311,7 @@ def _move_live(trainer, location: str) -> None:
     """
     device = trainer.accelerator.device if location == DEVICE else torch.device("cpu")
     pin = location == HOST and torch.cuda.is_available()
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    for p in model.parameters():
+    for p in trainer.params.values():  # an adapter agent's own: the base it shares stays where it is
         p.data = _to(p.data, device, pin)
     for per_param in trainer.optimizer.state.values():
         for name, value in per_param.items():

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch
 from accelerate import Accelerator
 from transformers import get_scheduler
 
+from flexmarl.models.adapters import AdapterHost
 from flexmarl.models.loading import load_model
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import batch_normaliser, policy_loss
@@ -140,6 +143,11 @@ class AgentTrainer:
         config: loss and optimizer settings.
         temperature: the agent's sampling temperature (tokens are scored at the same temperature).
         version: the policy version of the weights in ``model_dir``.
+        host: where an adapter agent (``config.adapter``) adds its adapter: the base model it shares with the
+            other adapter agents of its process; by default a host of its own.
+
+    An adapter agent's "weights" are its adapter's tensors: they are what ``weights`` returns, what a state
+    move carries and what the optimizer steps; the base model stays frozen.
     """
 
     def __init__(
@@ -151,6 +159,7 @@ class AgentTrainer:
         temperature: float,
         max_new_tokens: int = 1,
         version: int = 0,
+        host: AdapterHost | None = None,
     ) -> None:
         self.agent = agent
         self.config = config
@@ -158,25 +167,56 @@ class AgentTrainer:
         self.max_new_tokens = max_new_tokens  # the constant of the 'dr_grpo' normaliser
         self.version = version
         self.accelerator = shared_accelerator(config.mixed_precision)
-        model = load_model(Path(model_dir))
-        # The KL reference is the starting weights, frozen (an extra copy in memory, only when used).
+        self.host, self.adapter = None, None
         self.reference = None
-        if config.kl_coef > 0:
-            self.reference = load_model(Path(model_dir)).to(self.accelerator.device).eval().requires_grad_(False)
+        if config.adapter is not None:
+            self.host = host or AdapterHost(model_dir, self.accelerator.device)
+            self.adapter = self.host.add(agent, config.adapter)
+            model = self.host.model
+            self.params = self.host.parameters(self.adapter)
+        else:
+            model = load_model(Path(model_dir))
+            self.params = dict(model.named_parameters())
+            # The KL reference is the starting weights, frozen (an extra copy in memory, only when used; an
+            # adapter agent's reference is its base with the adapters off).
+            if config.kl_coef > 0:
+                self.reference = load_model(Path(model_dir)).to(self.accelerator.device).eval().requires_grad_(False)
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        optimizer = torch.optim.AdamW(self.params.values(), lr=config.lr, weight_decay=config.weight_decay)
         # Stepped by hand once per optimizer step (not through accelerate, which steps a prepared scheduler
         # once per process); None keeps the lr constant.
         self.scheduler = None
         if config.lr_warmup_steps > 0:
             self.scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=config.lr_warmup_steps)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        if self.host is None:
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        else:  # the host's model is shared: only this agent's optimizer is prepared
+            self.model, self.optimizer = model, self.accelerator.prepare(optimizer)
+            self.params = self.host.parameters(self.adapter)  # after any move to the device
+
+    @contextmanager
+    def _in_use(self) -> Iterator[torch.nn.Module]:
+        """The model with this agent's weights in use: the trainer's own, or the host's with its adapter active
+        (under the accelerator's autocast, which a prepared model has built in)."""
+        if self.host is None:
+            yield self.model
+            return
+        with self.host.active(self.adapter) as model, self.accelerator.autocast():
+            yield model
+
+    @contextmanager
+    def _reference(self) -> Iterator[torch.nn.Module | None]:
+        if self.host is None or self.config.kl_coef == 0:
+            yield self.reference
+            return
+        with self.host.without_adapters() as model, self.accelerator.autocast():
+            yield model
 
     def begin_step(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         # Gradients add up in float64, so that the sum does not depend on the order in which
         # micro-batches arrive (pipelined and synchronous schedules then give the same weights).
-        self._grad_sum = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in self.model.named_parameters()}
+        self._grad_sum = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in self.params.items()}
         self._consumed: list[str] = []
         self._responses = self._tokens = 0
         self._loss_sum = 0.0
@@ -196,7 +236,11 @@ class AgentTrainer:
         if len(batch) == 0:
             return {}
         device = self.accelerator.device
-        logp, mask = response_logprobs(self.model, batch, self.temperature, device)  # (B, T)
+        with self._in_use() as model:
+            return self._accumulate(model, batch, device)
+
+    def _accumulate(self, model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> dict[str, float]:
+        logp, mask = response_logprobs(model, batch, self.temperature, device)  # (B, T)
         behaviour = torch.zeros_like(logp)
         for i, lp in enumerate(batch.logprobs):
             behaviour[i, : len(lp)] = torch.tensor(lp)
@@ -210,16 +254,17 @@ class AgentTrainer:
         is_weights = to_behaviour.clamp(max=self.config.is_cap)
         stale = torch.tensor([v < self.version for v in batch.versions], device=device)  # (B,)
         ref_logp = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logp, _ = response_logprobs(self.reference, batch, self.temperature, device)
+        with self._reference() as reference:
+            if reference is not None:
+                with torch.no_grad():
+                    ref_logp, _ = response_logprobs(reference, batch, self.temperature, device)
         loss, stats = policy_loss(
             logp, old, torch.tensor(batch.advantages, dtype=logp.dtype, device=device), mask,
             clip_eps=self.config.clip_eps, clip_eps_high=self.config.clip_eps_high,
             loss_type=self.config.loss_type, is_weights=is_weights, ref_logprobs=ref_logp, kl_coef=self.config.kl_coef,
         )
         self.accelerator.backward(loss)
-        for name, p in self.model.named_parameters():
+        for name, p in self.params.items():
             if p.grad is not None:
                 self._grad_sum[name] += p.grad
         self.optimizer.zero_grad(set_to_none=True)
@@ -252,7 +297,7 @@ class AgentTrainer:
         norm = batch_normaliser(
             self.config.loss_type, responses=self._responses, tokens=self._tokens, max_len=self.max_new_tokens
         )
-        for name, p in self.model.named_parameters():
+        for name, p in self.params.items():
             p.grad = (self._grad_sum[name] / norm).to(p.dtype)
         del self._grad_sum
         metrics = {"loss/policy": self._loss_sum / norm, "loss/normaliser": float(norm),
@@ -262,7 +307,7 @@ class AgentTrainer:
         metrics["policy/is_weight_at_cap"] = self._is_at_cap / max(self._tokens, 1)
         consumed, tokens = self._consumed, self._tokens
         del self._consumed
-        norms = [torch.linalg.vector_norm(p.grad) for p in self.model.parameters() if p.grad is not None]
+        norms = [torch.linalg.vector_norm(p.grad) for p in self.params.values() if p.grad is not None]
         grad_norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
         metrics["grad_norm"] = grad_norm
         if not (math.isfinite(metrics["loss/policy"]) and math.isfinite(grad_norm)):
@@ -277,7 +322,7 @@ class AgentTrainer:
             self.version += 1
             return UpdateResult(self.agent, self.version, [], tokens, metrics, skipped=True)
         if self.config.max_grad_norm is not None:
-            self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            self.accelerator.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm)
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         if self.scheduler is not None:
@@ -295,10 +340,23 @@ class AgentTrainer:
             self.accumulate(batch.slice(start, start + self.config.micro_batch_size))
         return self.finish_step()
 
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The tensors that make this agent's policy (live, not copies): the model's state dict, or the
+        adapter's tensors."""
+        if self.host is not None:
+            return self.host.state(self.adapter)
+        return self.accelerator.unwrap_model(self.model).state_dict()
+
+    def load_policy_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy ``tensors`` (as ``policy_state`` names them) into this agent's weights, onto its device."""
+        if self.host is not None:
+            self.host.load_state(self.adapter, tensors)
+        else:
+            self.accelerator.unwrap_model(self.model).load_state_dict(tensors)
+
     def weights(self) -> dict[str, torch.Tensor]:
-        """Detached copies of the weights, on the CPU, for a weight sync."""
-        model = self.accelerator.unwrap_model(self.model)
-        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        """Detached copies of the weights (an adapter agent: its adapter's), on the CPU, for a weight sync."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy_state().items()}
 
     def close(self) -> None:
         """Let go of the model and optimizer: the shared Accelerator keeps every object it prepared, so a
@@ -306,9 +364,14 @@ class AgentTrainer:
         accelerator = self.accelerator
         accelerator._models = [m for m in accelerator._models if m is not self.model]
         accelerator._optimizers = [o for o in accelerator._optimizers if o is not self.optimizer]
+        if self.host is not None:
+            self.host.remove(self.adapter)
 
     def save(self, out_dir: str | Path) -> Path:
-        """Save the weights as a Hugging Face directory (no tokenizer: the caller copies it)."""
+        """Save the weights as a Hugging Face directory, or an adapter agent's adapter in peft's format (no
+        tokenizer: the caller copies it)."""
         out = Path(out_dir)
+        if self.host is not None:
+            return self.host.save(self.adapter, out)
         self.accelerator.unwrap_model(self.model).save_pretrained(out)
         return out

@@ -35,3 +35,16 @@ def test_the_pipelined_schedule_trains_the_weights_of_the_plain_synchronous_loop
 def test_the_reference_refuses_stale_samples() -> None:
     with pytest.raises(ValueError, match="on-policy"):
         reference_run(load_config(preset="tiny", overrides=["train.max_staleness=1"]))
+
+
+def test_adapter_agents_train_in_the_pipeline_the_adapters_of_the_plain_synchronous_loop(tmp_path: Path) -> None:
+    # every agent of the fan-out graph a LoRA adapter; the planner and the solvers share the tiny model's base
+    adapters = [f"agents.{a}.adapter={{r: 4, alpha: 8}}" for a in ("planner", "solver", "aggregator")]
+    cfg = load_config(preset="fan_out", overrides=[*SMALL, *adapters, "training.lr=1e-2", *MODES["flexmarl"]])
+    with open_cluster(ClusterConfig(n_workers=2)) as address:
+        _, pipelined = run_mode(cfg, tmp_path / "run", address)
+    assert all(all("lora_" in name for name in weights) for weights in pipelined.values())  # synced: adapters only
+    reference = reference_run(cfg)
+    assert max_diff(reference, pipelined) <= 1e-5
+    start = reference_run(cfg, steps=0)
+    assert max_diff({"solver": start["solver"]}, {"solver": reference["solver"]}) > 1e-3

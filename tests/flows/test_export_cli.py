@@ -58,3 +58,43 @@ def test_a_missing_version_or_agent_or_a_used_folder_is_refused(tiny_run, tmp_pa
     res = runner.invoke(app, ["export", str(tiny_run.run_dir), "--agent", "verifier", "--out", str(used)])
     assert res.exit_code == 2 and "not an empty directory" in " ".join(res.output.split())
     assert [p.name for p in used.iterdir()] == ["notes.txt"]
+
+
+def test_an_adapter_agent_trains_through_the_flow_and_exports_as_a_peft_adapter_or_merged(prefect_api,
+                                                                                          tmp_path: Path) -> None:
+    from peft import PeftConfig, PeftModel
+
+    from flows.train import train_run
+
+    run_dir = tmp_path / "run"
+    # the solver trains a LoRA adapter, the verifier (the same tiny model) all its weights, side by side
+    train_run(preset="tiny", steps=2, run_dir=str(run_dir),
+              overrides=["train.queries_per_step=4", "agents.solver.adapter={r: 4, alpha: 8}"])
+    checkpoint = run_dir / "checkpoints" / "solver" / "v2"
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in checkpoint.iterdir()}
+    assert (run_dir / "checkpoints" / "verifier" / "v2" / "model.safetensors").exists()
+
+    out = tmp_path / "solver"
+    res = runner.invoke(app, ["export", str(run_dir), "--agent", "solver", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "PeftModel.from_pretrained" in res.output
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "flexmarl_agent.json"} <= {
+        p.name for p in out.iterdir()}
+    assert "model.safetensors" not in {p.name for p in out.iterdir()}  # the adapter alone: a fraction of the model
+    base = AutoModelForCausalLM.from_pretrained(PeftConfig.from_pretrained(out).base_model_name_or_path)
+    model = PeftModel.from_pretrained(base, out).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Compute: 2 + 3"}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+    assert model.generate(**prompt, max_new_tokens=6, do_sample=False).shape[1] > prompt["input_ids"].shape[1]
+    assert json.loads((out / "flexmarl_agent.json").read_text())["adapter"]["r"] == 4
+
+    merged_out = tmp_path / "solver-merged"
+    res = runner.invoke(app, ["export", str(run_dir), "--agent", "solver", "--merge", "--out", str(merged_out)])
+    assert res.exit_code == 0, res.output
+    merged = AutoModelForCausalLM.from_pretrained(merged_out).eval()  # a plain model directory
+    with torch.no_grad():
+        assert torch.allclose(merged(**prompt).logits, model(**prompt).logits, atol=1e-5)
+
+    res = runner.invoke(app, ["export", str(run_dir), "--agent", "verifier", "--merge", "--out", str(tmp_path / "v")])
+    assert res.exit_code == 2 and "no adapter" in " ".join(res.output.split())

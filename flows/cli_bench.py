@@ -95,6 +95,32 @@ def swap(
         )
 
 
+@bench_app.command("adapters")
+def adapters(
+    out: Annotated[Path, typer.Option(help="Output directory for bench_adapters.json.")],
+    model: Annotated[str, typer.Option(help="The agents' model setting.")] = "smollm2-135m-instruct",
+    agents: Annotated[str, typer.Option(help="Comma-separated agent counts.")] = "2,4",
+    rank: Annotated[int, typer.Option(help="LoRA rank of the adapter agents.")] = 8,
+) -> None:
+    """Bytes per weight sync and per state swap, and a worker's peak memory, for full-model against LoRA adapter
+    agents (one fresh process per case)."""
+    from flexmarl.bench.adapter_bench import bench_adapters
+    from flexmarl.models.adapter_config import AdapterConfig
+
+    counts = [int(n) for n in agents.split(",") if n.strip()]
+    report = bench_adapters(model, counts, AdapterConfig(r=rank, alpha=2 * rank), log=console.print)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_adapters.json").write_text(json.dumps(report, indent=2))
+    table = Table(title=f"{model}: full-model against LoRA r={rank} agents, one worker holding every agent")
+    for col in ("agents", "kind", "peak RSS MB", "sync MB / update", "swap MB"):
+        table.add_column(col)
+    for r in report["runs"]:
+        table.add_row(str(r["agents"]), r["kind"], f"{r['peak_rss_bytes'] / 1e6:.0f}",
+                      f"{r['sync_bytes_per_update'] / 1e6:.2f}", f"{r['swap_bytes'] / 1e6:.2f}")
+    console.print(table)
+    console.print(f"report: {out / 'bench_adapters.json'}")
+
+
 @bench_app.command("store")
 def bench_store(
     out: Annotated[Path, typer.Option(help="Directory for bench_store.json (and the scratch stores).")],

@@ -39,6 +39,8 @@ def test_two_adapter_trainers_share_one_base_and_train_only_their_adapters(tiny_
     own = sum(p.numel() for p in solver.params.values())
     assert 0 < own < base_params / 5  # the trainer's parameters are its adapter's
     assert set(solver.weights()) == set(verifier.weights())  # the same names: peft's, without the adapter name
+    # each trainer's parameters (what its optimizer steps and its state moves) are its own adapter's, no more
+    assert len(solver.params) == len(solver.weights()) and not set(solver.params) & set(verifier.params)
     assert all("lora_" in k for k in solver.weights())
 
     v0 = {k: v.clone() for k, v in verifier.weights().items()}

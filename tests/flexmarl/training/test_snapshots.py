@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flexmarl.cluster.worker_state import engines
+from flexmarl.cluster.worker_state import engines, release
+from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.snapshots import (
@@ -25,8 +26,9 @@ from flexmarl.training.state import META, OPTIMIZER, WEIGHTS
 from .test_trainer import make_batch
 
 
-def test_a_trainer_restored_from_its_snapshot_continues_identically(tiny_dir, tmp_path) -> None:
-    cfg = TrainerConfig(lr=1e-3)
+@pytest.mark.parametrize("adapter", [None, AdapterConfig(r=4, alpha=8)], ids=["full-model", "lora-adapter"])
+def test_a_trainer_restored_from_its_snapshot_continues_identically(tiny_dir, tmp_path, adapter) -> None:
+    cfg = TrainerConfig(lr=1e-3, adapter=adapter)
     root = str(tmp_path / "by-version")
     slot.start_trainer("run-a/solver", str(tiny_dir), cfg, 1.0, 8, 0)  # outside Dask: the process's registry
     original = slot.trainer("run-a/solver")
@@ -48,8 +50,9 @@ def test_a_trainer_restored_from_its_snapshot_continues_identically(tiny_dir, tm
     assert all(torch.equal(a, b) for a, b in zip(original.weights().values(), restored.weights().values()))
     with pytest.raises(SnapshotError, match="holds v1, not v2"):
         restore_trainer("run-c/solver", str(tiny_dir), cfg, 1.0, 8, snap, 2, {})
-    for key in ("trainer:run-a/solver", "trainer:run-b/solver"):
-        engines().pop(key).close()
+    assert (adapter is None) == all("lora_" not in k for k in restored.weights())  # an adapter's: its tensors only
+    for run in ("run-a", "run-b"):
+        release(f"trainer:{run}/")  # the trainers, and an adapter agent's shared base
 
 
 def test_snapshots_are_required_past_version_zero_and_pruned(tmp_path) -> None:

@@ -41,6 +41,12 @@ class Engines(dict):
         self.released.discard(key)  # started again (a resumed run on the same cluster)
         super().__setitem__(key, value)
 
+    def get_or_start(self, key: str, start: Callable[[], Any]) -> Any:
+        """The engine under ``key``, started with ``start()`` first if there is none (a shared base model)."""
+        if key not in self:
+            self[key] = start()
+        return self[key]
+
     def lookup(self, key: str, missing: str) -> Any:
         """The engine under ``key``; ``EngineReleased`` if its run released it, else ``RuntimeError(missing)``."""
         try:

@@ -39,10 +39,8 @@ def open_backend(
     on this worker's shared base (``key``: the replica's)."""
     if adapter is not None:
         run_id, agent = key.rsplit("/", 1)
-        registry, host_key = engines(), _key(f"{run_id}/~base:{model_dir}")
-        host = registry.get(host_key)
-        if host is None:
-            host = registry[host_key] = AdapterHost(model_dir, HFBackend.default_device())
+        host = engines().get_or_start(_key(f"{run_id}/~base:{model_dir}"),
+                                      lambda: AdapterHost(model_dir, HFBackend.default_device()))
         return AdapterBackend(host, agent, adapter, version=version)
     if rollout.backend == "vllm":
         return VLLMBackend(model_dir, version=version, settings=rollout.vllm).start()

@@ -39,10 +39,8 @@ def build_trainer(
     run_id, agent = key.rsplit("/", 1)
     host = None
     if config.adapter is not None:
-        registry, host_key = engines(), _key(f"{run_id}/~base:{model_dir}")
-        host = registry.get(host_key)
-        if host is None:
-            host = registry[host_key] = AdapterHost(model_dir, shared_accelerator(config.mixed_precision).device)
+        device = shared_accelerator(config.mixed_precision).device
+        host = engines().get_or_start(_key(f"{run_id}/~base:{model_dir}"), lambda: AdapterHost(model_dir, device))
     return AgentTrainer(agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens,
                         version=version, host=host)
 

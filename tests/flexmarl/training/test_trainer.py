@@ -207,8 +207,10 @@ def test_stale_samples_get_importance_weights(tiny_dir) -> None:
     assert trainer.finish_step().policy_version == 2
 
 
-def test_kl_to_the_frozen_reference_starts_at_zero(tiny_dir) -> None:
-    trainer = AgentTrainer("a", tiny_dir, TrainerConfig(lr=1e-2, kl_coef=0.1), temperature=1.0)
+@pytest.mark.parametrize("adapter", [None, {"r": 4, "alpha": 8}], ids=["full-model", "lora-adapter"])
+def test_kl_to_the_frozen_reference_starts_at_zero(tiny_dir, adapter) -> None:
+    # an adapter agent's reference is its base with the adapters off
+    trainer = AgentTrainer("a", tiny_dir, TrainerConfig(lr=1e-2, kl_coef=0.1, adapter=adapter), temperature=1.0)
     trainer.begin_step()
     assert trainer.accumulate(make_batch(tiny_dir, [1.0, -1.0]))["kl"] == pytest.approx(0.0, abs=1e-6)
     trainer.finish_step()

@@ -44,11 +44,8 @@ def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict
     graph = EpisodeGraph(cfg, {a: load_tokenizer(Path(d)) for a, d in model_dirs.items()})
     trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
     # adapter agents of one model share a base for generating and one for training, as on a worker
-    hosts: dict[tuple[str, str], AdapterHost] = {}
-    for a, spec in cfg.agents.items():
-        for use in ("rollout", "train") if spec.adapter is not None else ():
-            if (use, model_dirs[a]) not in hosts:
-                hosts[use, model_dirs[a]] = AdapterHost(model_dirs[a], HFBackend.default_device())
+    shared = {model_dirs[a] for a, spec in cfg.agents.items() if spec.adapter is not None}
+    hosts = {(use, d): AdapterHost(d, HFBackend.default_device()) for d in shared for use in ("rollout", "train")}
     generators = {
         a: AdapterBackend(hosts["rollout", model_dirs[a]], a, spec.adapter) if spec.adapter is not None
         else open_backend(model_dirs[a], 0, cfg.rollout)

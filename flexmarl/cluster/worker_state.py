@@ -41,6 +41,14 @@ class Engines(dict):
         self.released.discard(key)  # started again (a resumed run on the same cluster)
         super().__setitem__(key, value)
 
+    def replace(self, key: str, engine: Any) -> None:
+        """Put ``engine`` under ``key``, closing the one it replaces (a rebuilt trainer or replica)."""
+        old = self.get(key)
+        self[key] = engine
+        close = getattr(old, "close", None)
+        if old is not engine and callable(close):
+            close()
+
     def get_or_start(self, key: str, start: Callable[[], Any]) -> Any:
         """The engine under ``key``, started with ``start()`` first if there is none (a shared base model)."""
         if key not in self:

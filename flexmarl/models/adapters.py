@@ -36,6 +36,13 @@ from flexmarl.models.names import ModelError
 _NAMES = itertools.count(1)  # adapter names are unique in a process: an agent's old and new trainer may overlap
 
 
+def host_key(engine_key: str, model_dir: str | Path) -> str:
+    """Where a worker keeps the base that an adapter agent's engine of ``engine_key`` (``"<run id>/<agent>"``)
+    shares: ``"<run id>/~base:<model dir>"`` (agent names cannot start with '~'), so that the run's release of
+    its engines frees it too."""
+    return f"{engine_key.rsplit('/', 1)[0]}/~base:{model_dir}"
+
+
 def lora_config(adapter: AdapterConfig, base_dir: str | Path) -> LoraConfig:
     return LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
                       target_modules=list(adapter.target_modules), task_type="CAUSAL_LM",
@@ -151,6 +158,3 @@ class AdapterHost:
         save_file({k: v.detach().to("cpu").contiguous() for k, v in self.state(name).items()},
                   out / SAFETENSORS_WEIGHTS_NAME, metadata={"format": "pt"})
         return out
-
-    def close(self) -> None:
-        """Nothing to free by hand: the host goes with its last reference."""

@@ -24,13 +24,12 @@ class AdapterBackend(HFBackend):
         tok = load_tokenizer(Path(host.model_dir))
         self.device, self.pad_id, self.eos_id = host.device, tok.pad_token_id, tok.eos_token_id
         self.host, self.adapter = host, host.add(agent, adapter)
-        host.model.eval()
-        check_tokenizer_matches(host.model, tok, Path(host.model_dir))
+        self.model = host.model.eval()  # what the HF backend's decode loop runs: the shared base, with adapters
+        check_tokenizer_matches(self.model, tok, Path(host.model_dir))
         self.version = version
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        with self.host.active(self.adapter) as model:
-            self.model = model  # what the HF backend's decode loop runs
+        with self.host.active(self.adapter):
             return super().generate(requests)
 
     def update_weights(self, update: WeightUpdate) -> None:

@@ -2,8 +2,8 @@
 
 The driver submits them pinned to a worker (``workers=[address]``); they find the replica in the
 worker's engine registry under ``key`` (``"<run id>/<agent>"``), so several runs can share a cluster. The replicas
-of a run's adapter agents on one worker share one base model per model directory (an ``AdapterHost`` under
-``"<run id>/~base:<model dir>"``).
+of a run's adapter agents on one worker share one base model per model directory (an ``AdapterHost``, under
+``adapters.host_key``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from safetensors.torch import load as load_tensors
 
 from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.models.adapter_config import AdapterConfig
-from flexmarl.models.adapters import AdapterHost
+from flexmarl.models.adapters import AdapterHost, host_key
 from flexmarl.rollout.adapter_backend import AdapterBackend
 from flexmarl.rollout.backend import (
     GenerationBackend,
@@ -38,10 +38,9 @@ def open_backend(
     """The backend ``rollout.backend`` names, loaded and ready to generate; for an adapter agent, its adapter
     on this worker's shared base (``key``: the replica's)."""
     if adapter is not None:
-        run_id, agent = key.rsplit("/", 1)
-        host = engines().get_or_start(_key(f"{run_id}/~base:{model_dir}"),
+        host = engines().get_or_start(_key(host_key(key, model_dir)),
                                       lambda: AdapterHost(model_dir, HFBackend.default_device()))
-        return AdapterBackend(host, agent, adapter, version=version)
+        return AdapterBackend(host, key.rsplit("/", 1)[-1], adapter, version=version)
     if rollout.backend == "vllm":
         return VLLMBackend(model_dir, version=version, settings=rollout.vllm).start()
     return HFBackend(model_dir, version=version)
@@ -94,11 +93,7 @@ def restart_replica(
     backend = open_backend(model_dir, 0, rollout, key, adapter)
     if weights_uri is not None:
         backend.update_weights(WeightUpdate(key, version, read_weights(weights_uri, storage_options)))
-    registry = engines()
-    old = registry.get(_key(key))
-    registry[_key(key)] = backend
-    if old is not None and callable(getattr(old, "close", None)):
-        old.close()
+    engines().replace(_key(key), backend)
     return worker_address()
 
 

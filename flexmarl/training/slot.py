@@ -3,7 +3,7 @@
 A trainer reads its micro-batches from the store itself, pinned to the Delta version the driver names, so
 only a store URI, version numbers and sample ids travel with a task, never tensors. Trainers live in the
 worker's engine registry under ``key`` (``"<run id>/<agent>"``). The trainers of a run's adapter agents on one
-worker share one base model per model directory (an ``AdapterHost`` under ``"<run id>/~base:<model dir>"``).
+worker share one base model per model directory (an ``AdapterHost``, under ``adapters.host_key``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from flexmarl.cluster.worker_state import engines, worker_address
-from flexmarl.models.adapters import AdapterHost
+from flexmarl.models.adapters import AdapterHost, host_key
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult, shared_accelerator
@@ -36,22 +36,18 @@ def build_trainer(
 ) -> AgentTrainer:
     """A new trainer of ``key``'s agent (not registered); an adapter agent's adds its adapter to the base this
     worker shares among the run's adapter agents of that model."""
-    run_id, agent = key.rsplit("/", 1)
+    agent = key.rsplit("/", 1)[-1]
     host = None
     if config.adapter is not None:
         device = shared_accelerator(config.mixed_precision).device
-        host = engines().get_or_start(_key(f"{run_id}/~base:{model_dir}"), lambda: AdapterHost(model_dir, device))
+        host = engines().get_or_start(_key(host_key(key, model_dir)), lambda: AdapterHost(model_dir, device))
     return AgentTrainer(agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens,
                         version=version, host=host)
 
 
 def install(key: str, trainer: AgentTrainer) -> None:
     """Make ``trainer`` the one of ``key`` on this worker, closing any it replaces."""
-    registry = engines()
-    old = registry.get(_key(key))
-    registry[_key(key)] = trainer
-    if old is not None and old is not trainer:
-        old.close()
+    engines().replace(_key(key), trainer)
 
 
 def start_trainer(

@@ -190,9 +190,8 @@ class AgentTrainer:
             self.scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=config.lr_warmup_steps)
         if self.host is None:
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        else:  # the host's model is shared: only this agent's optimizer is prepared
+        else:  # the host's model is shared (and on the device already): only this agent's optimizer is prepared
             self.model, self.optimizer = model, self.accelerator.prepare(optimizer)
-            self.params = self.host.parameters(self.adapter)  # after any move to the device
 
     @contextmanager
     def _in_use(self) -> Iterator[torch.nn.Module]:

@@ -22,7 +22,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 VLLM_VENV  := .venv-vllm
 VLLM_BIN   := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.flexmarl-installed
-VLLM_TESTS := tests/flexmarl/rollout/test_vllm_backend.py tests/flexmarl/bench/test_backend_bench.py
+VLLM_TESTS := tests/flexmarl/rollout/test_vllm_backend.py tests/flexmarl/rollout/test_vllm_adapters.py tests/flexmarl/bench/test_backend_bench.py
 
 .PHONY: setup run test setup-vllm test-vllm clean
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections import Counter
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -93,12 +94,22 @@ class RunConfig(MEGSpec):
         for agent, spec in self.agents.items():
             if "adapter" in spec.training:
                 raise ValueError(f"agents.{agent}.training.adapter: write it as agents.{agent}.adapter")
-        adapters = [a for a, spec in self.agents.items() if spec.adapter is not None]
-        if adapters and self.rollout.backend != "hf":
-            raise ValueError(
-                f"agents {adapters} train LoRA adapters, which rollout.backend={self.rollout.backend!r} does not serve "
-                "yet (its replicas would hold a full model per agent); use rollout.backend=hf, or remove the adapters")
+        if self.rollout.backend == "vllm":
+            self._check_vllm_adapters()
         return self
+
+    def _check_vllm_adapters(self) -> None:
+        """A worker's vLLM engine of one base serves every adapter agent of that base: they must all fit."""
+        vllm = self.rollout.vllm
+        per_model = Counter(spec.model for spec in self.agents.values() if spec.adapter is not None)
+        for model, n in per_model.items():
+            if n > vllm.max_loras:
+                raise ValueError(f"{n} adapter agents share the model {model!r}, but one vLLM engine holds "
+                                 f"rollout.vllm.max_loras={vllm.max_loras} adapters; set rollout.vllm.max_loras={n}")
+        for agent, spec in self.agents.items():
+            if spec.adapter is not None and spec.adapter.r > vllm.max_lora_rank:
+                raise ValueError(f"agents.{agent}.adapter.r={spec.adapter.r} is above rollout.vllm.max_lora_rank="
+                                 f"{vllm.max_lora_rank}; raise max_lora_rank (1, 8, 16, 32, 64, ...) or lower r")
 
     @model_validator(mode="after")
     def _check_agent_training(self) -> RunConfig:

@@ -934,6 +934,7 @@ REACH_PREFECT = {"Prefect API unreachable", "Prefect API silent"}  # refused at 
 # run's flow with the message), or needing another environment.
 DURING_A_RUN = {
     "head size vLLM's CPU attention lacks": "needs vLLM (.venv-vllm); tested in tests/flexmarl/rollout",
+    "adapters a vLLM engine cannot hold": "needs vLLM (.venv-vllm); tested with vLLM patched in, tests/flexmarl/training",
     "a reward function raises": "recorded and counted while the run goes on",
     "an output does not parse": "recorded and counted while the run goes on",
     "NaN loss": "the update is skipped while the run goes on",

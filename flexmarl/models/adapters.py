@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from flexmarl.models.adapter_config import AdapterConfig
-from flexmarl.models.loading import load_model, state_reference
+from flexmarl.models.loading import load_model, meta_model, state_reference
 from flexmarl.models.names import ModelError
 
 _NAMES = itertools.count(1)  # adapter names are unique in a process: an agent's old and new trainer may overlap
@@ -47,6 +47,26 @@ def lora_config(adapter: AdapterConfig, base_dir: str | Path) -> LoraConfig:
     return LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
                       target_modules=list(adapter.target_modules), task_type="CAUSAL_LM",
                       base_model_name_or_path=str(base_dir))
+
+
+def adapter_reference(model_dir: str | Path, adapter: AdapterConfig) -> dict[str, torch.Tensor]:
+    """The names and shapes of an adapter's tensors (as ``AdapterHost.state`` names them), as meta tensors:
+    what an adapter update must match, for a backend that holds no peft model."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # peft asks transformers a deprecated question
+        peft = get_peft_model(meta_model(Path(model_dir)), lora_config(adapter, model_dir))
+    return get_peft_model_state_dict(peft)
+
+
+def write_adapter(out: str | Path, config: LoraConfig, tensors: dict[str, torch.Tensor]) -> Path:
+    """An adapter directory in peft's format (``adapter_config.json``, ``adapter_model.safetensors``): loadable
+    with ``PeftModel.from_pretrained(base, out)``, and by vLLM as a ``LoRARequest``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+              out / SAFETENSORS_WEIGHTS_NAME, metadata={"format": "pt"})
+    return out
 
 
 def linear_layers(model_dir: str | Path) -> set[str]:
@@ -150,11 +170,5 @@ class AdapterHost:
             set_peft_model_state_dict(self.peft, tensors, adapter_name=name)
 
     def save(self, name: str, out: str | Path) -> Path:
-        """Write the adapter in peft's format (``adapter_config.json``, ``adapter_model.safetensors``): loadable
-        with ``PeftModel.from_pretrained(base, out)``."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        self.peft.peft_config[name].save_pretrained(out)
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in self.state(name).items()},
-                  out / SAFETENSORS_WEIGHTS_NAME, metadata={"format": "pt"})
-        return out
+        """Write the adapter in peft's format (``write_adapter``)."""
+        return write_adapter(out, self.peft.peft_config[name], self.state(name))

@@ -27,7 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from flexmarl.models import tiny
 from flexmarl.models.names import (  # noqa: F401 - re-exported: callers import them from here
-    BUILTIN_MODELS, PICKLE_SUFFIXES, SMOLLM2, ModelError, check_model_setting,
+    ADAPTER_CONFIG, BUILTIN_MODELS, PICKLE_SUFFIXES, SMOLLM2, ModelError, check_model_setting,
 )
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -99,6 +99,10 @@ _LOAD_LOCK = threading.Lock()
 
 
 def load_model(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The causal LM in ``model_dir``; an adapter directory (an adapter agent's checkpoint, peft's format) is
+    loaded merged into the base it names, so it generates and scores like any full model."""
+    if (Path(model_dir) / ADAPTER_CONFIG).is_file():
+        return _load_merged(Path(model_dir), dtype)
     try:
         with _LOAD_LOCK:
             # safetensors only: a pickled checkpoint (pytorch_model.bin) could run code when loaded
@@ -109,17 +113,35 @@ def load_model(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTra
         raise ModelError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
 
 
-def state_reference(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """The names, shapes and dtypes of the state dict ``load_model`` would give, as meta tensors (no weights).
+def _load_merged(adapter_dir: Path, dtype: torch.dtype) -> PreTrainedModel:
+    from peft import PeftConfig, PeftModel  # only adapter checkpoints need peft (and its import time)
 
-    What a weight update for this model must match, for backends that do not hold a transformers model.
-    """
+    base_dir = Path(PeftConfig.from_pretrained(adapter_dir).base_model_name_or_path)
+    if not base_dir.is_dir():
+        raise ModelError(f"the adapter {adapter_dir} names the base {base_dir}, which is not a directory here; "
+                         "build it first (flexmarl train resolves the agent's model) or edit adapter_config.json")
+    try:
+        return PeftModel.from_pretrained(load_model(base_dir, dtype=dtype), adapter_dir).merge_and_unload()
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the adapter {adapter_dir} onto {base_dir}: {exc}") from exc
+
+
+def meta_model(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The model ``load_model`` would give, on the meta device: its structure, names and shapes, no weights."""
     try:
         config = AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot read a model config from {model_dir}: {exc}") from exc
     with _LOAD_LOCK, torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).state_dict()
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def state_reference(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The names, shapes and dtypes of the state dict ``load_model`` would give, as meta tensors (no weights).
+
+    What a weight update for this model must match, for backends that do not hold a transformers model.
+    """
+    return meta_model(model_dir, dtype=dtype).state_dict()
 
 
 def check_tokenizer_matches(model: PreTrainedModel, tok: PreTrainedTokenizerBase, model_dir: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 TINY_SIZES = {"tiny": {"hidden_size": 64, "layers": 2}, "tiny-large": {"hidden_size": 128, "layers": 4}}
 SMOLLM2 = "smollm2-135m-instruct"
 BUILTIN_MODELS = (*TINY_SIZES, SMOLLM2)
+MODEL_CONFIG = "config.json"  # a whole model's directory (transformers' file)
+ADAPTER_CONFIG = "adapter_config.json"  # an adapter's directory, in peft's format
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}  # torch.save files: loading them runs pickle
 
 

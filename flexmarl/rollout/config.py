@@ -37,6 +37,12 @@ class VLLMSettings(Strict):
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prompt prefixes (a GRPO group shares its prompt); the cache is flushed on
     every weight update."""
+    max_loras: int = Field(4, ge=1)
+    """Adapters one engine holds (vLLM's ``max_loras``), for agents that train LoRA adapters: a worker runs one
+    engine per base model for all of the run's adapter agents of that model, so this must be at least their
+    number (checked before a run)."""
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16
+    """Largest adapter rank the engine serves (vLLM's ``max_lora_rank``); every adapter's ``r`` must fit."""
 
 Backend = Literal["hf", "vllm"]
 

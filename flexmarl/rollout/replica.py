@@ -2,8 +2,8 @@
 
 The driver submits them pinned to a worker (``workers=[address]``); they find the replica in the
 worker's engine registry under ``key`` (``"<run id>/<agent>"``), so several runs can share a cluster. The replicas
-of a run's adapter agents on one worker share one base model per model directory (an ``AdapterHost``, under
-``adapters.host_key``).
+of a run's adapter agents on one worker share one base model per model directory (an ``AdapterHost``, or a
+vLLM engine that serves adapters, under ``adapters.host_key``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from flexmarl.rollout.backend import (
 )
 from flexmarl.rollout.config import RolloutConfig
 from flexmarl.rollout.hf_backend import HFBackend
+from flexmarl.rollout.vllm_adapter_backend import VLLMAdapterBackend
 from flexmarl.rollout.vllm_backend import VLLMBackend
 
 
@@ -37,6 +38,11 @@ def open_backend(
 ) -> GenerationBackend:
     """The backend ``rollout.backend`` names, loaded and ready to generate; for an adapter agent, its adapter
     on this worker's shared base (``key``: the replica's)."""
+    if adapter is not None and rollout.backend == "vllm":
+        engine = engines().get_or_start(
+            _key(host_key(key, model_dir)),
+            lambda: VLLMBackend(model_dir, settings=rollout.vllm, adapters=True).start())
+        return VLLMAdapterBackend(engine, key, adapter, version=version)
     if adapter is not None:
         host = engines().get_or_start(_key(host_key(key, model_dir)),
                                       lambda: AdapterHost(model_dir, HFBackend.default_device()))

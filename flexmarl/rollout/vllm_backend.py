@@ -43,11 +43,14 @@ class VLLMBackend:
         ModelError: the model cannot run on this platform's vLLM (e.g. an unsupported head size on CPU).
     """
 
-    def __init__(self, model_dir: str | Path, *, version: int = 0, settings: VLLMSettings | None = None) -> None:
+    def __init__(
+        self, model_dir: str | Path, *, version: int = 0, settings: VLLMSettings | None = None, adapters: bool = False
+    ) -> None:
         if not vllm_installed():
             raise ImportError(VLLM_MISSING)
         self.model_dir = Path(model_dir)
         self.settings = settings or VLLMSettings()
+        self.adapters = adapters  # serve LoRA adapters (``generate(..., lora=)``): the engine of adapter agents
         self.version = version
         tok = load_tokenizer(self.model_dir)
         self.eos_id = tok.eos_token_id
@@ -79,6 +82,8 @@ class VLLMBackend:
                     enable_prefix_caching=s.enable_prefix_caching,
                     distributed_executor_backend="uni",
                     logprobs_mode="processed_logprobs",
+                    **({"enable_lora": True, "max_loras": s.max_loras, "max_cpu_loras": s.max_loras,
+                        "max_lora_rank": s.max_lora_rank} if self.adapters else {}),
                 )
         return self
 
@@ -113,7 +118,8 @@ class VLLMBackend:
 
     # -- the GenerationBackend interface ---------------------------------------------------------------------
 
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def generate(self, requests: list[GenerationRequest], lora: Any = None) -> list[GenerationResult]:
+        """Sample ``requests``; with ``lora`` (a ``LoRARequest`` this engine holds), through that adapter."""
         from vllm import SamplingParams
 
         if not requests:
@@ -133,7 +139,7 @@ class VLLMBackend:
             for r in requests
         ]
         with self._lock:
-            outputs = self._engine().generate(prompts, params, use_tqdm=False)
+            outputs = self._engine().generate(prompts, params, use_tqdm=False, lora_request=lora)
         results = []
         for r, out in zip(requests, outputs, strict=True):
             completion = out.outputs[0]
@@ -143,6 +149,17 @@ class VLLMBackend:
                 raise RuntimeError(f"vLLM finished request {r.request_id} with {completion.finish_reason!r}")
             results.append(GenerationResult(r.request_id, ids, logprobs, completion.finish_reason, self.version))
         return results
+
+    def add_lora(self, lora: Any) -> None:
+        """Load the adapter of a ``LoRARequest`` into the engine (an engine started with ``adapters=True``)."""
+        with self._lock:
+            if not self._engine().llm_engine.add_lora(lora):
+                raise RuntimeError(f"vLLM did not load the adapter {lora.lora_path}")
+
+    def remove_lora(self, lora_id: int) -> None:
+        with self._lock:
+            if self._llm is not None:  # an engine already closed holds no adapter
+                self._llm.llm_engine.remove_lora(lora_id)
 
     def update_weights(self, update: WeightUpdate) -> None:
         # Checked before anything reaches the engine: a wrongly shaped tensor kills a vLLM engine for good.

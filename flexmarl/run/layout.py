@@ -11,6 +11,8 @@
                                              its adapter in peft's format, adapter_config.json, and tokenizer)
 """
 
+from flexmarl.models.names import ADAPTER_CONFIG, MODEL_CONFIG  # noqa: F401 - a checkpoint holds one of them
+
 CONFIG_FILE = "config.yaml"
 ATTEMPTS_FILE = "attempts.txt"
 REPORT_FILE = "report.json"
@@ -20,5 +22,3 @@ REWARDS_PICTURE = "rewards.png"
 STORE_DIR = "store"
 STATE_DIR = "state"
 CHECKPOINTS_DIR = "checkpoints"
-MODEL_CONFIG = "config.json"  # a full model's checkpoint
-ADAPTER_CONFIG = "adapter_config.json"  # an adapter agent's (peft's file)

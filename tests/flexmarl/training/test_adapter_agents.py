@@ -117,6 +117,8 @@ def test_a_saved_adapter_loads_with_peft_and_gives_the_trainers_outputs(tiny_dir
     assert torch.allclose(loaded(input_ids=ids).logits, expected, atol=1e-6)
     merged = loaded.merge_and_unload()
     assert torch.allclose(merged(input_ids=ids).logits, expected, atol=1e-5)
+    # load_model (what evaluation and a rollout backend call) takes an adapter checkpoint, merged into its base
+    assert torch.allclose(load_model(out)(input_ids=ids).logits, expected, atol=1e-5)
 
 
 def _hosts(dask_worker) -> dict[str, int]:
@@ -165,7 +167,11 @@ def test_adapter_settings_that_cannot_work_are_refused_before_a_run(monkeypatch)
     with pytest.raises(ConfigError, match="at least one linear layer"):
         load_config(preset="tiny", overrides=["agents.solver.adapter={target_modules: []}"])
     monkeypatch.setattr("flexmarl.rollout.config.vllm_installed", lambda: True)
-    with pytest.raises(ConfigError, match=r"agents \['solver'\] train LoRA adapters, which rollout.backend='vllm' does "
-                                          r"not serve yet .* use rollout.backend=hf"):
-        load_config(preset="tiny", overrides=["agents.solver.adapter={r: 4}", "rollout.backend=vllm"])
+    # on vLLM, one engine per worker serves every adapter agent of a base: they must fit in it
+    two = ["agents.solver.adapter={r: 8}", "agents.verifier.adapter={r: 8}", "rollout.backend=vllm"]
+    with pytest.raises(ConfigError, match=r"2 adapter agents share the model 'tiny', .* set rollout.vllm.max_loras=2"):
+        load_config(preset="tiny", overrides=[*two, "rollout.vllm.max_loras=1"])
+    with pytest.raises(ConfigError, match=r"agents.solver.adapter.r=32 is above rollout.vllm.max_lora_rank=16"):
+        load_config(preset="tiny", overrides=["agents.solver.adapter={r: 32}", "rollout.backend=vllm"])
+    load_config(preset="tiny", overrides=two)
     load_config(preset="tiny", overrides=["agents.solver.adapter={r: 4}"])  # beside a full-model verifier: fine

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 from accelerate import Accelerator
-from transformers import get_scheduler
+from transformers import get_scheduler, modeling_utils
 
 from flexmarl.models.adapters import AdapterHost
 from flexmarl.models.loading import load_model
@@ -27,6 +27,10 @@ from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import batch_normaliser, policy_loss
 
 log = logging.getLogger(__name__)
+
+# transformers >= 5.20 keeps one set of logit positions per row (a (B, T) logits_to_keep); the vLLM CPU
+# environment's transformers (< 5.20) takes a single 1-D index for the whole batch
+_KEEPS_PER_ROW = hasattr(modeling_utils, "slice_logits_to_keep")
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,13 @@ def response_logprobs(
 
     # logits only where they predict a response token: the prompt's positions never reach the vocabulary
     # projection, which is a fifth of a small model's compute and its largest activation (B, L, V)
-    picked = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                   logits_to_keep=positions.to(device)).logits  # (B, T, V)
+    inputs = {"input_ids": input_ids.to(device), "attention_mask": attention.to(device)}
+    if _KEEPS_PER_ROW:
+        picked = model(**inputs, logits_to_keep=positions.to(device)).logits  # (B, T, V)
+    else:  # one index for all rows: the union of the rows' positions, then each row's own
+        keep, where = positions.unique(return_inverse=True)
+        picked = torch.take_along_dim(model(**inputs, logits_to_keep=keep.to(device)).logits,
+                                      where.to(device)[..., None], dim=1)  # (B, T, V)
     logp = torch.log_softmax(picked.float() / temperature, dim=-1)
     token_logp = logp.gather(-1, targets.to(device).unsqueeze(-1)).squeeze(-1)  # (B, T)
     return token_logp, mask.to(device)

@@ -42,6 +42,21 @@ def test_rollout_logprobs_equal_the_trainers_scores(tiny_dir) -> None:
         assert mask[i].sum() == len(lp)
 
 
+def test_older_transformers_one_index_for_all_rows_scores_the_same(tiny_dir, monkeypatch) -> None:
+    """The vLLM environment's transformers takes one 1-D logits_to_keep for a batch: same scores that way."""
+    from flexmarl.training import trainer as trainer_module
+
+    batch = make_batch(tiny_dir, [1.0, -1.0, 0.5])
+    batch = TrainBatch(batch.sample_ids, [[257] * i + p for i, p in enumerate(batch.prompt_ids)],  # rows differ
+                       batch.response_ids, batch.logprobs, batch.advantages, batch.versions)
+    model = AgentTrainer("a", tiny_dir, TrainerConfig(), temperature=1.0).model
+    with torch.no_grad():
+        per_row = trainer_module.response_logprobs(model, batch, 1.0, torch.device("cpu"))
+        monkeypatch.setattr(trainer_module, "_KEEPS_PER_ROW", False)
+        union = trainer_module.response_logprobs(model, batch, 1.0, torch.device("cpu"))
+    assert torch.equal(per_row[1], union[1]) and torch.allclose(per_row[0], union[0], atol=1e-6)
+
+
 def test_rollout_logprobs_equal_the_trainers_scores_at_temperature_0_7(tiny_dir) -> None:
     """At T != 1 a missing or doubled 1/T on either side shows (at T = 1 it cannot)."""
     from flexmarl.training.trainer import response_logprobs

@@ -77,15 +77,20 @@ def rollout(
 def swap(
     out: Annotated[Path, typer.Option(help="Output directory for bench_swap.json.")],
     models: Annotated[str, typer.Option(help="Comma-separated model settings.")] = "tiny,smollm2-135m-instruct",
+    adapter_rank: Annotated[int, typer.Option(min=0, help="Also a LoRA adapter agent of this rank on each model "
+                                                           "(0: full-model agents only).")] = 8,
 ) -> None:
     """Time moving an agent's whole training state device <-> host <-> disk <-> object store, and check it
-    is bit-exact."""
+    is bit-exact: for a full-model agent and for a LoRA adapter agent on each model."""
     from flexmarl.bench.swap_bench import bench_swap
 
-    report = bench_swap([m.strip() for m in models.split(",") if m.strip()], log=console.print)
+    report = bench_swap([m.strip() for m in models.split(",") if m.strip()], log=console.print,
+                        adapter_rank=adapter_rank)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_swap.json").write_text(json.dumps(report, indent=2))
-    for model, r in report["models"].items():
+    rows = [(m, r) for m, r in report["models"].items()]
+    rows += [(f"{m} (LoRA r={r['r']})", r) for m, r in report["adapters"].items()]
+    for model, r in rows:
         console.print(
             f"{model}: {r['state_bytes'] / 1e6:.1f} MB, to host {r['to_host_gb_per_s']:.2f} GB/s, "
             f"to device {r['to_device_gb_per_s']:.2f} GB/s, to disk {r['to_disk_gb_per_s']:.2f} GB/s, "

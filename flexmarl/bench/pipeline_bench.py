@@ -19,12 +19,14 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flexmarl.report.timeline import draw_timeline
+from distributed import Client
+
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, load_config
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+from flexmarl.report.timeline import draw_timeline
 
 # Each mode is a set of overrides of the same workload.
 MODES: dict[str, list[str]] = {
@@ -90,6 +92,22 @@ def work_bound(result: PipelineResult) -> float:
     return max(work / max(len(result.workers), 1), max(train.values(), default=0.0))
 
 
+def sync_bytes(weights: dict[str, dict]) -> dict[str, int]:
+    """Bytes of each agent's weight sync per update: the tensors its trainer sends every replica (an adapter
+    agent's: its adapter only)."""
+    return {agent: sum(t.numel() * t.element_size() for t in w.values()) for agent, w in weights.items()}
+
+
+def _monitor_count(dask_worker) -> int:
+    return dask_worker.monitor.count
+
+
+def _peak_memory_since(counts: dict[str, int], dask_worker) -> int:
+    """The worker's highest RSS in Dask's system monitor (sampled every 0.5 s) since ``counts[address]``."""
+    history = dask_worker.monitor.range_query(counts.get(dask_worker.address, 0))["memory"]
+    return int(max((m for m in history if m is not None), default=dask_worker.monitor.get_process_memory()))
+
+
 def spread(values: Sequence[float]) -> dict:
     """Median, min and max of ``values`` (one per round)."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
@@ -144,22 +162,26 @@ def bench_pipeline(
     report: dict = {"workload": str(config or workload), "steps": steps, "repeats": repeats, "modes": {}}
     weights: dict[str, dict] = {}
     rounds: dict[str, list[dict]] = {m: [] for m in modes}
-    with open_cluster(cluster) as address:
+    with open_cluster(cluster) as address, Client(address, set_as_default=False) as client:
         for r in range(repeats):
             for mode in modes:  # interleaved: a noisy minute hits every mode alike
                 log(f"round {r + 1}/{repeats}, mode {mode}: running {steps} steps")
+                counts = client.run(_monitor_count)
                 result, weights[mode] = _run_once(mode_config(mode), out_dir / mode, address)
+                peak = client.run(_peak_memory_since, counts)
                 bound = work_bound(result)
                 rounds[mode].append({"wall_s": result.wall_s, "bound_s": bound, "efficiency": bound / result.wall_s,
-                                     "utilization": result.utilization()})
+                                     "utilization": result.utilization(), "peak_rss_bytes": max(peak.values())})
                 log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}, "
                     f"efficiency {bound / result.wall_s:.0%}")
                 if r == repeats - 1:
-                    report["modes"][mode] = _details(result, steps, reward_threshold, out_dir, mode)
+                    report["modes"][mode] = {**_details(result, steps, reward_threshold, out_dir, mode),
+                                             "sync_bytes_per_update": sync_bytes(weights[mode])}
         report["workers"] = len(result.workers)
     for mode, runs in rounds.items():
         report["modes"][mode].update({k: statistics.median(run[k] for run in runs)
                                       for k in ("wall_s", "bound_s", "efficiency", "utilization")})
+        report["modes"][mode]["peak_rss_per_worker_bytes"] = max(run["peak_rss_bytes"] for run in runs)
         report["modes"][mode]["wall_s_spread"] = spread([run["wall_s"] for run in runs])
         report["modes"][mode]["rounds"] = runs
     if "sync" in rounds:
@@ -218,15 +240,18 @@ def markdown_table(report: dict) -> str:
         f"Medians of {report['repeats']} interleaved rounds, [min, max] across rounds; the speedup is each "
         "round's sync wall time over the mode's; efficiency = work bound / wall time.",
         "",
-        "| mode | wall s | speedup vs sync | utilisation | bound s | efficiency | samples | tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | wall s | speedup vs sync | utilisation | bound s | efficiency | samples | tokens | sync MB/update "
+        "| peak RSS/worker GB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in report["modes"].items():
         w, x = r["wall_s_spread"], report.get("speedup_vs_sync", {}).get(mode)
         speedup = "-" if x is None else f"{x['median']:.2f}x [{x['min']:.2f}, {x['max']:.2f}]"
         lines.append(
             f"| {mode} | {r['wall_s']:.2f} [{w['min']:.2f}, {w['max']:.2f}] | {speedup} | {r['utilization']:.0%} | "
-            f"{r['bound_s']:.2f} | {r['efficiency']:.0%} | {r['samples']} | {r['tokens']} |"
+            f"{r['bound_s']:.2f} | {r['efficiency']:.0%} | {r['samples']} | {r['tokens']} | "
+            f"{sum(r['sync_bytes_per_update'].values()) / len(r['sync_bytes_per_update']) / 1e6:.2f} | "
+            f"{r['peak_rss_per_worker_bytes'] / 1e9:.2f} |"
         )
     if "weights_match_sync" in report:
         lines += ["", f"weights_match_sync: {report['weights_match_sync']} "

@@ -8,7 +8,8 @@ network). Every tensor, the version, the scheduler and the RNG state are then co
 
 On a CUDA machine host copies go through pinned buffers, and ``to_host_pageable_s`` adds the same copy
 through pageable memory for comparison. Without a GPU, "device" and "host" are the same memory and the first
-two figures are plain copies.
+two figures are plain copies. Each model is measured twice: an agent that trains the whole model, and one that
+trains a LoRA adapter on it (only the adapter's tensors and their Adam moments move).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 import fsspec
 import torch
 
+from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.loading import resolve_model
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
@@ -55,9 +57,10 @@ def same_state(a: HostCopy, b: HostCopy) -> bool:
     )
 
 
-def bench_one(model: str, object_store: str = "memory://flexmarl-bench-swap") -> dict:
+def bench_one(model: str, object_store: str = "memory://flexmarl-bench-swap", adapter: AdapterConfig | None = None) -> dict:
+    """One model's legs; with ``adapter``, the state of an agent that trains that LoRA adapter on the model."""
     model_dir = resolve_model(model)
-    config = TrainerConfig(lr=1e-5, lr_warmup_steps=2)
+    config = TrainerConfig(lr=1e-5, lr_warmup_steps=2, adapter=adapter)
 
     def new_trainer() -> AgentTrainer:
         return AgentTrainer("bench", model_dir, config, temperature=1.0)
@@ -97,11 +100,17 @@ def bench_one(model: str, object_store: str = "memory://flexmarl-bench-swap") ->
     return result
 
 
-def bench_swap(models: Sequence[str], log: Callable[[str], None] = print) -> dict:
-    report = {"models": {}}
+def bench_swap(models: Sequence[str], log: Callable[[str], None] = print, adapter_rank: int = 8) -> dict:
+    """Each model's full training state (``models``) and, unless ``adapter_rank`` is 0, the state of a LoRA
+    adapter agent of that rank on it (``adapters``): what a slot moves for each kind of agent."""
+    report: dict = {"models": {}, "adapters": {}}
     for model in models:
         log(f"swap benchmark: {model}")
         report["models"][model] = bench_one(model)
-    report["bit_exact"] = all(m["bit_exact"] for m in report["models"].values())
+        if adapter_rank:
+            log(f"swap benchmark: {model}, LoRA adapter r={adapter_rank}")
+            report["adapters"][model] = {"r": adapter_rank,
+                                         **bench_one(model, adapter=AdapterConfig(r=adapter_rank, alpha=2 * adapter_rank))}
+    report["bit_exact"] = all(m["bit_exact"] for kind in ("models", "adapters") for m in report[kind].values())
     report["device"] = next(iter(report["models"].values()))["device"] if report["models"] else "cpu"
     return report

@@ -9,6 +9,7 @@ import pytest
 
 from flexmarl.bench.pipeline_bench import bench_pipeline, spread, work_bound
 from flexmarl.cluster.config import ClusterConfig
+from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.orchestrator.records import PipelineResult, Span
 
 
@@ -24,6 +25,7 @@ def test_the_work_bound_spreads_the_work_over_workers_and_keeps_each_agents_trai
 def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tmp_path: Path) -> None:
     order: list[str] = []
     report = bench_pipeline(out_dir=tmp_path, modes=["sync", "flexmarl"], steps=1, workload="tiny", repeats=2,
+                            overrides=["agents.verifier.adapter={r: 4}"],  # beside the full-model solver
                             cluster=ClusterConfig(n_workers=2), log=order.append)
     assert [line.split(":")[0] for line in order if line.startswith("round")] == [
         "round 1/2, mode sync", "round 1/2, mode flexmarl", "round 2/2, mode sync", "round 2/2, mode flexmarl"]
@@ -35,6 +37,11 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
         walls = sorted(run["wall_s"] for run in r["rounds"])
         assert r["wall_s"] == pytest.approx(sum(walls) / 2) and r["wall_s_spread"]["min"] == walls[0]
         assert 0 < r["efficiency"] <= 1.0 + 1e-9 and r["bound_s"] <= r["wall_s"] + 1e-9
+        # a sync carries the solver's whole model (float32) and the adapter agent's adapter only
+        full = 4 * sum(t.numel() for t in load_model(resolve_model("tiny")).state_dict().values())
+        assert r["sync_bytes_per_update"]["solver"] == full, (r["sync_bytes_per_update"], full)
+        assert 0 < r["sync_bytes_per_update"]["verifier"] < full / 5
+        assert r["peak_rss_per_worker_bytes"] >= max(run["peak_rss_bytes"] for run in r["rounds"]) > 100e6
     ratios = [s["wall_s"] / f["wall_s"] for s, f in zip(saved["modes"]["sync"]["rounds"],
                                                          saved["modes"]["flexmarl"]["rounds"], strict=True)]
     assert saved["speedup_vs_sync"]["flexmarl"]["min"] == pytest.approx(min(ratios))

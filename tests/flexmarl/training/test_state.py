@@ -111,3 +111,6 @@ def test_swap_benchmark_reports_every_leg_and_a_bit_exact_round_trip(model_cache
     assert tiny["object_store"] == "memory" and tiny["pinned"] is False
     for leg in LEGS:
         assert tiny[f"{leg}_s"] > 0 and tiny[f"{leg}_gb_per_s"] > 0
+    # a LoRA adapter agent's state: its adapter and Adam moments only, a small part of the full state, as exact
+    lora = report["adapters"]["tiny"]
+    assert lora["r"] == 8 and lora["bit_exact"] and 0 < lora["state_bytes"] < tiny["state_bytes"] / 5

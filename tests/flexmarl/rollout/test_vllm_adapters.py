@@ -21,6 +21,8 @@ from flexmarl.rollout.backend import GenerationRequest, WeightSyncError, WeightU
 from flexmarl.rollout.config import RolloutConfig, VLLMSettings
 from flexmarl.rollout.vllm_adapter_backend import VLLMAdapterBackend
 
+pytest.importorskip("vllm", reason="needs vLLM: make test-vllm runs it in .venv-vllm")
+
 LORA = AdapterConfig(r=8, alpha=16)
 ROLLOUT = RolloutConfig(backend="vllm", vllm=VLLMSettings(kv_cache_gb=0.25, max_model_len=512, max_loras=2,
                                                           max_lora_rank=8))

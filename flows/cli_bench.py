@@ -88,7 +88,7 @@ def swap(
                         adapter_rank=adapter_rank)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_swap.json").write_text(json.dumps(report, indent=2))
-    rows = [(m, r) for m, r in report["models"].items()]
+    rows = list(report["models"].items())
     rows += [(f"{m} (LoRA r={r['r']})", r) for m, r in report["adapters"].items()]
     for model, r in rows:
         console.print(

@@ -28,7 +28,7 @@ def _one_worker(model: str, agents: int, kind: str, adapter: dict) -> dict:
     from flexmarl.rollout.backend import GenerationRequest, WeightUpdate
     from flexmarl.rollout.hf_backend import HFBackend
     from flexmarl.training.config import TrainerConfig
-    from flexmarl.training.state import HostCopy
+    from flexmarl.training.state import HostCopy, tensor_bytes
     from flexmarl.training.trainer import AgentTrainer, TrainBatch
 
     torch.set_num_threads(1)
@@ -51,7 +51,7 @@ def _one_worker(model: str, agents: int, kind: str, adapter: dict) -> dict:
                                       [1.0, -1.0, 0.5, -0.5], [0] * 4))
         weights = trainer.weights()
         replica.update_weights(WeightUpdate(name, trainer.version, weights))
-        sync.append(sum(t.numel() * t.element_size() for t in weights.values()))
+        sync.append(tensor_bytes(weights))
         swap.append(HostCopy.capture(trainer).nbytes)
         engines.append((replica, trainer))
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux

@@ -27,6 +27,7 @@ from flexmarl.config import RunConfig, load_config
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
 from flexmarl.report.timeline import draw_timeline
+from flexmarl.training.state import tensor_bytes
 
 # Each mode is a set of overrides of the same workload.
 MODES: dict[str, list[str]] = {
@@ -95,7 +96,7 @@ def work_bound(result: PipelineResult) -> float:
 def sync_bytes(weights: dict[str, dict]) -> dict[str, int]:
     """Bytes of each agent's weight sync per update: the tensors its trainer sends every replica (an adapter
     agent's: its adapter only)."""
-    return {agent: sum(t.numel() * t.element_size() for t in w.values()) for agent, w in weights.items()}
+    return {agent: tensor_bytes(w) for agent, w in weights.items()}
 
 
 def _monitor_count(dask_worker) -> int:

@@ -52,7 +52,7 @@ def measure_model(model: str, *, prompt_tokens: int = 48, new_tokens: int = 32, 
     from flexmarl.rollout.backend import GenerationRequest, WeightUpdate
     from flexmarl.rollout.hf_backend import HFBackend
     from flexmarl.training.config import TrainerConfig
-    from flexmarl.training.state import TrainingState
+    from flexmarl.training.state import TrainingState, tensor_bytes
     from flexmarl.training.trainer import AgentTrainer, TrainBatch
 
     torch.set_num_threads(1)
@@ -89,7 +89,7 @@ def measure_model(model: str, *, prompt_tokens: int = 48, new_tokens: int = 32, 
     trainer.begin_step()
     train_s = _timed(lambda: trainer.accumulate(batch), repeats)
     optimizer_s = _finish_after(trainer, batch, repeats)
-    weights_bytes = sum(t.numel() * t.element_size() for t in trainer.weights().values())
+    weights_bytes = tensor_bytes(trainer.weights())
     sync_s = _timed(lambda: backend.update_weights(WeightUpdate("calibration", 1, trainer.weights())), repeats)
     with tempfile.TemporaryDirectory() as tmp:
         def park() -> int:  # slot.park: write the state to the state store

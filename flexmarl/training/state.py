@@ -39,6 +39,11 @@ FORMAT = 1
 DEVICE, HOST = "device", "host"
 
 
+def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Bytes the tensors hold: what a weight sync of ``trainer.weights()`` sends, or a state move carries."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 @dataclass
 class HostCopy:
     """A detached copy of one agent's training state in host memory (pinned on a GPU machine)."""
@@ -58,7 +63,7 @@ class HostCopy:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensors (weights and optimizer state)."""
-        return sum(t.numel() * t.element_size() for t in (*self.weights.values(), *self.optimizer.values()))
+        return tensor_bytes(self.weights) + tensor_bytes(self.optimizer)
 
     @classmethod
     def capture(cls, trainer) -> HostCopy:

@@ -14,17 +14,19 @@ attempt's run directory, named from the flow run's scheduled start, is taken ove
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from datetime import datetime
 from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flexmarl.cluster.local import open_cluster
+from flexmarl.cluster.local import connect, open_cluster
 from flexmarl.config import Preset, RunConfig, config_summary, load_config, run_overrides
 from flexmarl.estimate import describe_estimate
 from flexmarl.orchestrator.config import TrainMode
-from flexmarl.orchestrator.runtime import CONFIG_FILE, RunContext, Runtime, attempts, prepare_run, resume_config
+from flexmarl.orchestrator.channel import RunChannel
+from flexmarl.orchestrator.runtime import CONFIG_FILE, RunContext, attempts, free_engines, prepare_run, resume_config
 from flexmarl.preflight import check_inputs
 from flexmarl.rollout.config import Backend
 from flexmarl.run_lock import run_lock
@@ -133,27 +135,33 @@ def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str |
 
 
 def _run(cfg: RunConfig, run_id: str, store_uri: str, run_dir: str, t0: float, logger) -> dict:
-    """Start the engines, run the pipeline while showing it in Prefect, then checkpoint and report."""
+    """Start the engines, run the pipeline while showing it in Prefect, then checkpoint and report.
+
+    The tasks share no memory: each attaches to the run by its context and placement (small records), and
+    the pipeline's events, the stop request and each update's outcome cross through the run's Dask scheduler.
+    """
     tracker = RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg)  # checks before the cluster
-    with open_cluster(cfg.cluster) as address, tracker:
+    timeout_s = cfg.cluster.connect_timeout_s
+    with open_cluster(cfg.cluster) as address, tracker, closing(connect(address, timeout_s=timeout_s)) as client:
         if tracker.enabled:
             logger.info("tracking: %s", ", ".join(tracker.enabled))
         ctx = RunContext(run_id, str(Path(run_dir).resolve()), store_uri, address)
-        pipeline = None
+        channel = RunChannel(client, address, run_id, timeout_s)
+        pipeline = board = None
         try:
-            logger.info("engines: %s", start_engines(ctx))
+            placement = start_engines(ctx)
+            logger.info("engines: %s", placement.describe())
             progress = start_progress()
             total = cfg.train.steps * len(cfg.agents)
-            done = sum(min(v, cfg.train.steps) for v in Runtime.get(ctx).versions.values())  # resumed: done before
-            events = Runtime.get(ctx).events
-            board, pipeline = UpdateBoard(run_id), run_pipeline.submit(ctx)
-            # The pipeline ends its events with None; so does this callback, should the task die first.
-            pipeline.add_done_callback(lambda _: events.put(None))
+            done = sum(min(v, cfg.train.steps) for v in placement.versions.values())  # resumed: done before
+            board, pipeline = UpdateBoard(channel), run_pipeline.submit(ctx, placement)
+            # The pipeline task has sent all its events once it ends; this ends their stream, however it ended.
+            pipeline.add_done_callback(lambda _: channel.end_events())
             # What the pipeline tells goes to Prefect (task runs per update, events) and each recorded update
             # to the experiment trackers, from here, the driver.
             updates = []
             started = time.perf_counter()
-            for event in iter(events.get, None):
+            for event in channel.events():
                 if (update := board.on(event)) is None:
                     continue
                 updates.append(update_row(update))
@@ -163,22 +171,23 @@ def _run(cfg: RunConfig, run_id: str, store_uri: str, run_dir: str, t0: float, l
                 logger.info("progress: %d of %d agent updates; about %.0f min left", done + len(updates), total,
                             left / 60)
             try:
-                timeline = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
-                                  "rollout.request_timeout_s")
+                outcome = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
+                                   "rollout.request_timeout_s")
             finally:
                 board.close(None if pipeline.state.is_completed() else pipeline.state.message)
             if cfg.train.save_checkpoints:
                 for agent in cfg.agents:
-                    save_checkpoint(ctx, agent)
-            report = publish_report(ctx, timeline, updates, time.perf_counter() - t0)
+                    save_checkpoint(ctx, outcome.placement, agent)
+            report = publish_report(ctx, outcome.timeline, updates, time.perf_counter() - t0)
             tracker.log_report(report)
             return report
         finally:
             if pipeline is not None:  # a failed flow stops its pipeline before anything resumes the run
-                Runtime.get(ctx).stop()
+                channel.stop.set()
                 pipeline.wait(timeout=cfg.rollout.request_timeout_s)
                 board.close(pipeline.state.message or "the flow failed")  # a no-op if closed already
-            Runtime.release(ctx)
+            free_engines(client, run_id, timeout_s)
+            channel.close()
 
 
 if __name__ == "__main__":

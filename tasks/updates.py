@@ -5,9 +5,10 @@ The pipeline runs on plain Dask and tells the flow what happens (``flexmarl.orch
 milliseconds of bookkeeping here, an event almost nothing):
 
 - a step opened: one ``agent-update`` task run per agent that trains on it, named ``update-<agent>-v<version>``
-  and tagged ``agent:<agent>``. It starts then and waits for its update: Completed once the update is recorded
-  and every replica of the agent holds its weights, Failed with the agent's error when a task of that agent
-  fails the run, Cancelled when the run stops first. Prefect's run graph draws the agents' updates side by
+  and tagged ``agent:<agent>``. It starts then and waits for the outcome the board posts for it through the
+  run's Dask scheduler (``orchestrator/channel.py``), so it may run in any process: Completed once the update
+  is recorded and every replica of the agent holds its weights, Failed with the agent's error when a task of
+  that agent fails the run, Cancelled when the run stops first. Prefect's run graph draws the agents' updates side by
   side, overlapping when the pipeline runs them asynchronously. The scheduler admits at most
   ``max_staleness + 1`` steps ahead, so few of these wait at once (Prefect's thread pool is unbounded);
 - micro-batch commits, weight syncs, slot moves, state moves, recoveries and updates (with their staleness):
@@ -19,7 +20,6 @@ milliseconds of bookkeeping here, an event almost nothing):
 from __future__ import annotations
 
 import math
-from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from prefect.futures import PrefectFuture, wait
 from prefect.logging import get_run_logger
 from prefect.states import Cancelled, State
 
+from flexmarl.orchestrator.channel import OutcomeRef, RunChannel
 from flexmarl.orchestrator.records import (
     AgentFailed,
     MicroBatchCommitted,
@@ -63,11 +64,11 @@ class UpdateNotMade(Exception):
 
 
 @task(name="agent-update", cache_policy=NO_CACHE, task_run_name="update-{agent}-v{version}")
-def agent_update(agent: str, version: int, outcome: Future) -> dict | State:
+def agent_update(agent: str, version: int, outcome: OutcomeRef) -> dict | State:
     """One agent's update, from its step's admission until it is recorded and synced: reward, samples, tokens,
-    loss and staleness of that update."""
+    loss and staleness of that update. It waits wherever it runs, on the outcome the flow posts for it."""
     try:
-        event: UpdateEvent = outcome.result()
+        event: UpdateEvent = outcome.wait()
     except UpdateNotMade as exc:
         return Cancelled(message=str(exc))
     reward = "-" if event.mean_reward is None else f"{event.mean_reward:.3f}"
@@ -96,9 +97,9 @@ def update_row(event: UpdateEvent) -> dict:
 class UpdateBoard:
     """The flow's view of a pipeline run: its waiting ``agent-update`` task runs and its events."""
 
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self.outcomes: dict[tuple[str, int], Future] = {}  # (agent, version) -> what its task run waits for
+    def __init__(self, channel: RunChannel) -> None:
+        self.run_id, self.channel = channel.run_id, channel
+        self.outcomes: dict[tuple[str, int], OutcomeRef] = {}  # (agent, version) -> what its task run waits for
         self.recorded: dict[tuple[str, int], UpdateEvent] = {}  # recorded, replicas not all synced yet
         self.runs: list[PrefectFuture] = []
 
@@ -107,7 +108,7 @@ class UpdateBoard:
         self.emit(event)
         if isinstance(event, StepOpened):
             for agent in event.agents:
-                outcome: Future = Future()
+                outcome = self.channel.outcome_ref(agent, event.step + 1)
                 self.outcomes[(agent, event.step + 1)] = outcome
                 self.runs.append(agent_update.with_options(tags=[f"agent:{agent}"]).submit(
                     agent, event.step + 1, outcome))
@@ -134,12 +135,8 @@ class UpdateBoard:
 
     def _settle(self, key: tuple[str, int], value: UpdateEvent | BaseException) -> None:
         outcome = self.outcomes.pop(key, None)
-        if outcome is None:
-            return
-        if isinstance(value, BaseException):
-            outcome.set_exception(value)
-        else:
-            outcome.set_result(value)
+        if outcome is not None:
+            self.channel.post(outcome, value)
 
     def emit(self, event: PipelineEvent) -> None:
         if isinstance(event, Recovery):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from distributed import Client, Future, fire_and_forget
 from distributed import TimeoutError as DaskTimeoutError
@@ -49,7 +50,13 @@ RESULT_WAIT_S = 30.0  # fetching a finished task's value; longer means the worke
 
 
 class PipelineStopped(RuntimeError):
-    """The pipeline was asked to stop (``PipelineRunner.stop``); the run can be resumed from its store."""
+    """The pipeline was asked to stop (its ``stop_requested`` was set); the run can be resumed from its store."""
+
+
+class StopFlag(Protocol):
+    """What the loop asks on each turn: a ``threading.Event``, or a run's ``channel.StopSignal``."""
+
+    def is_set(self) -> bool: ...
 
 
 def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, rollout_slots, engines, slots, location, versions,
@@ -130,7 +137,7 @@ class PipelineRunner:
         self.updates: list[UpdateEvent] = []
         self.state_moves: list[StateMove] = []
         self.store_read_s = 0.0
-        self.stop_requested = threading.Event()
+        self.stop_requested: StopFlag = threading.Event()
         self.told = {"moves": 0, "recoveries": 0, "recovered": 0}  # how many of each list `on_event` has seen
 
     @property
@@ -195,10 +202,6 @@ class PipelineRunner:
                               c.store_write_s, self.store_read_s,
                               sched.balancer.moves if sched.balancer else [], sched.queue_trace, self.state_moves,
                               c.generated, c.reused, sched.recovery.recoveries)
-
-    def stop(self) -> None:
-        """Ask the loop to stop at its next turn (from another thread); it raises ``PipelineStopped``."""
-        self.stop_requested.set()
 
     # ------------------------------------------------------------------ what the caller is told
 

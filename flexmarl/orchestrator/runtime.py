@@ -12,14 +12,11 @@ training-state snapshot of that version, and the pipeline replays the samples al
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 from distributed import Client, TimeoutError as DaskTimeoutError
@@ -28,7 +25,7 @@ from flexmarl.cluster.local import connect, place, submit_on, workers_offering
 from flexmarl.cluster.worker_state import release
 from flexmarl.config import ConfigError, RunConfig, dump_config, load_config
 from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
-from flexmarl.orchestrator.pipeline import PipelineRunner
+from flexmarl.orchestrator.pipeline import PipelineRunner, StopFlag
 from flexmarl.orchestrator.records import PipelineEvent, PipelineResult
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
 from flexmarl.rollout import replica
@@ -202,51 +199,69 @@ def schedule_policy(cfg: RunConfig) -> SchedulePolicy:
     )
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's engines are: what a task needs, besides the ``RunContext``, to reach them.
+
+    ``start_engines`` returns it, the pipeline task returns it again (agents may have moved between slots),
+    and each control-plane task attaches a ``Runtime`` to it; small and picklable, like the context.
+    """
+
+    trainers: dict[str, str]  # agent -> the training worker that holds its trainer
+    slots: list[str]  # the training workers that serve as slots
+    engines: dict[str, list[str]]  # agent -> the rollout workers that hold its replicas
+    rollout_slots: list[tuple[str, str]]  # (worker, agent) of each rollout slot
+    versions: dict[str, int]  # agent -> its policy version
+
+    def describe(self) -> dict[str, dict]:
+        return {a: {"trainer": w, "engines": self.engines[a], "slots": [s for s, x in self.rollout_slots if x == a]}
+                for a, w in self.trainers.items()}
+
+
 class Runtime:
-    """Driver-side handle of one run, cached per process so that every control-plane task shares it."""
+    """Driver-side handle of one run: a Dask client, the run's config and store, and where its engines are.
 
-    _instances: ClassVar[dict[str, Runtime]] = {}
+    A new run's placement is dealt from the cluster's workers; ``placement`` attaches to engines already
+    started (by another task, perhaps in another process). ``disconnect`` leaves the engines to the run;
+    ``close`` frees them.
+    """
 
-    @classmethod
-    def get(cls, ctx: RunContext) -> Runtime:
-        if ctx.run_id not in cls._instances:
-            cls._instances[ctx.run_id] = cls(ctx)
-        return cls._instances[ctx.run_id]
-
-    @classmethod
-    def release(cls, ctx: RunContext) -> None:
-        runtime = cls._instances.pop(ctx.run_id, None)
-        if runtime is not None:
-            runtime.close()
-
-    def __init__(self, ctx: RunContext, cfg: RunConfig | None = None) -> None:
+    def __init__(self, ctx: RunContext, cfg: RunConfig | None = None, placement: Placement | None = None) -> None:
         self.ctx = ctx
         self.cfg = cfg or load_config(Path(ctx.run_dir) / CONFIG_FILE)
         self.store = ExperienceStore.from_config(ctx.store_uri, self.cfg.store)
         self.client: Client = connect(ctx.address, timeout_s=self.cfg.cluster.connect_timeout_s)
         self.model_dirs = {a: str(resolve_model(s.model, seed=self.cfg.train.seed)) for a, s in self.cfg.agents.items()}
-        self.tokenizers = {a: load_tokenizer(Path(d)) for a, d in self.model_dirs.items()}
+        if placement is None:
+            placement = self._deal()
+        self.trainers, self.slots = dict(placement.trainers), list(placement.slots)
+        self.engines, self.rollout_slots = dict(placement.engines), list(placement.rollout_slots)
+        self.versions = dict(placement.versions)
+        self.timeout_s = self.cfg.rollout.request_timeout_s
+        self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / STATE_DIR)).rstrip("/")
+        self.snapshot_root = f"{self.state_uri}/{snapshots.SNAPSHOTS}" if self.cfg.train.save_state else None
+
+    def _deal(self) -> Placement:
         cluster = self.cfg.cluster
         rollout_workers = workers_offering(self.client, cluster.rollout_resource, "rollout")
         train_workers = workers_offering(self.client, cluster.train_resource, "training")
         # Agents start on the training slots round-robin and bind a free slot whenever they have work (M <= N
         # is fine; a slot swaps states on and off its device). Rollout replica slots are dealt round-robin
         # too; with load balancing every rollout worker holds an engine of every agent so that slots can move.
-        self.slots = training_slots(self.cfg.training.slots, train_workers)
-        self.trainers = place(list(self.cfg.agents), self.slots)
-        self.rollout_slots = deal_slots(list(self.cfg.agents), rollout_workers, self.cfg.rollout.slots_per_worker)
-        self.engines = {
+        slots = training_slots(self.cfg.training.slots, train_workers)
+        rollout_slots = deal_slots(list(self.cfg.agents), rollout_workers, self.cfg.rollout.slots_per_worker)
+        engines = {
             a: list(rollout_workers) if self.cfg.rollout.load_balance
-            else sorted({w for w, agent in self.rollout_slots if agent == a})
+            else sorted({w for w, agent in rollout_slots if agent == a})
             for a in self.cfg.agents
         }
-        self.versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
-        self.tasks = task_stream(self.cfg.data)
-        self.timeout_s = self.cfg.rollout.request_timeout_s
-        self.events: queue.Queue[PipelineEvent | None] = queue.Queue()
-        self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / STATE_DIR)).rstrip("/")
-        self.snapshot_root = f"{self.state_uri}/{snapshots.SNAPSHOTS}" if self.cfg.train.save_state else None
-        self.stop_requested = threading.Event()
+        versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
+        return Placement(place(list(self.cfg.agents), slots), slots, engines, rollout_slots, versions)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(dict(self.trainers), list(self.slots), dict(self.engines), list(self.rollout_slots),
+                         dict(self.versions))
 
     def key(self, agent: str) -> str:
         return f"{self.ctx.run_id}/{agent}"
@@ -263,7 +278,7 @@ class Runtime:
                 "workers' logs, or raise the timeout for large models"
             ) from None
 
-    def start_engines(self) -> dict[str, dict]:
+    def start_engines(self) -> Placement:
         """Load every agent's replicas and trainer on their workers. Returns the placement.
 
         An agent past version 0 (a resumed run) starts from its training-state snapshot of that version.
@@ -290,8 +305,7 @@ class Runtime:
                 futures.append(submit_on(self.client, self.trainers[agent], snapshots.restore_trainer,
                                          self.key(agent), model_dir, *trainer_args, snapshot, version, options))
         self._wait(futures, "starting the engines")
-        return {a: {"trainer": self.trainers[a], "engines": self.engines[a],
-                    "slots": [w for w, x in self.rollout_slots if x == a]} for a in self.cfg.agents}
+        return self.placement
 
     def _resume_snapshot(self, agent: str, version: int, trainer_args: tuple) -> str | None:
         """The snapshot ``agent`` restarts from at ``version`` (None at v0: its model directory).
@@ -319,37 +333,36 @@ class Runtime:
         """Free engines that earlier attempts of this run directory left on a cluster that outlived them."""
         for run_id, _ in attempts(self.ctx.run_dir):
             if run_id != self.ctx.run_id:
-                for kind in ("replica", "trainer", "prefetch"):
-                    self.client.run(release, f"{kind}:{run_id}/")
+                free_engines(self.client, run_id, self.cfg.cluster.connect_timeout_s)
 
     def run(
-        self, *, train: bool = True, on_submit: Callable[[str, str, str], None] | None = None
+        self, *, train: bool = True, on_event: Callable[[PipelineEvent], None] | None = None,
+        stop_requested: StopFlag | None = None, on_submit: Callable[[str, str, str], None] | None = None,
     ) -> PipelineResult:
-        """Run every agent's updates under the configured schedule; what happens is put on ``events``
-        (``records.PipelineEvent``, then None).
+        """Run every agent's updates under the configured schedule.
 
-        ``train=False`` only samples (and commits) the steps' episodes: the rollout benchmark. ``on_submit`` is
-        called with (kind, agent, worker) after each task the pipeline submits (fault injection).
+        ``train=False`` only samples (and commits) the steps' episodes: the rollout benchmark. ``on_event`` is
+        told what happens (``records.PipelineEvent``), in the pipeline loop's thread. ``stop_requested`` (a
+        ``threading.Event`` or ``channel.StopSignal``) stops the loop at its next turn, with ``PipelineStopped``;
+        the run can be resumed from the store. ``on_submit`` is called with (kind, agent, worker) after each
+        task the pipeline submits (fault injection).
         """
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
-            run_key=self.ctx.run_id, tokenizers=self.tokenizers, engines=self.engines,
-            rollout_slots=self.rollout_slots, trainers=self.trainers, slots=self.slots, model_dirs=self.model_dirs,
-            state_uri=self.state_uri, versions=self.versions, tasks=self.tasks, on_event=self.events.put,
-            train=train, snapshot_root=self.snapshot_root if train else None, on_submit=on_submit,
+            run_key=self.ctx.run_id, tokenizers={a: load_tokenizer(Path(d)) for a, d in self.model_dirs.items()},
+            engines=self.engines, rollout_slots=self.rollout_slots, trainers=self.trainers, slots=self.slots,
+            model_dirs=self.model_dirs, state_uri=self.state_uri, versions=self.versions,
+            tasks=task_stream(self.cfg.data), on_event=on_event, train=train,
+            snapshot_root=self.snapshot_root if train else None, on_submit=on_submit,
         )
-        runner.stop_requested = self.stop_requested
+        if stop_requested is not None:
+            runner.stop_requested = stop_requested
         try:
             result = runner.run()
         finally:
-            self.events.put(None)  # tells a consumer of `events` that no more will come
             self.trainers = dict(runner.location)  # agents may have moved between slots
-        self.versions = dict(runner.versions)
+            self.versions = dict(runner.versions)
         return result
-
-    def stop(self) -> None:
-        """Ask the pipeline to stop at its next turn (from another thread); the run can be resumed later."""
-        self.stop_requested.set()
 
     def weights(self, agent: str) -> dict[str, torch.Tensor]:
         """The agent's current trained weights (copied to this process)."""
@@ -362,14 +375,22 @@ class Runtime:
                         self.model_dirs[agent])
         return self._wait([fut], f"the checkpoint of agent {agent!r}")[0]
 
+    def disconnect(self) -> None:
+        """Close this handle's client; the engines stay on the workers for the run's other tasks."""
+        self.client.close(timeout=self.cfg.cluster.connect_timeout_s)
+
     def close(self) -> None:
         """Free this run's engines on every worker, then disconnect; bounded, and never masks a run's error."""
-        timeout = self.cfg.cluster.connect_timeout_s
         try:
-            for kind in ("replica", "trainer", "prefetch"):  # prefetch: states read ahead but never resumed
-                prefix = f"{kind}:{self.ctx.run_id}/"
-                self.client.run(release, prefix, callback_timeout=timeout)
-        except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
-            log.warning("could not free the engines of run %s within %.0fs: %s", self.ctx.run_id, timeout, exc)
+            free_engines(self.client, self.ctx.run_id, self.cfg.cluster.connect_timeout_s)
         finally:
-            self.client.close(timeout=timeout)
+            self.disconnect()
+
+
+def free_engines(client: Client, run_id: str, timeout_s: float) -> None:
+    """Free the engines of run ``run_id`` on every worker; logs, and never raises, when it cannot."""
+    try:
+        for kind in ("replica", "trainer", "prefetch"):  # prefetch: states read ahead but never resumed
+            client.run(release, f"{kind}:{run_id}/", callback_timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
+        log.warning("could not free the engines of run %s within %.0fs: %s", run_id, timeout_s, exc)

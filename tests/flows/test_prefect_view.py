@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import base64
 import time
-from concurrent.futures import Future
+from contextlib import contextmanager
 
+from distributed import Client, LocalCluster
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
 from prefect.events.worker import EventsWorker
 
+from flexmarl.orchestrator.channel import RunChannel
 from flexmarl.orchestrator.records import AgentFailed, StepOpened, UpdateEvent, WeightSynced
 from tasks.updates import UpdateBoard
 
@@ -44,6 +46,17 @@ def events_of(run_id: str, name: str, timeout_s: float = 30) -> list[dict]:
         time.sleep(1)
 
 
+@contextmanager
+def channel_of(run_id: str):
+    """A run's channel on a scheduler of its own, as the flow opens one on the run's cluster."""
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
+        channel = RunChannel(client, cluster.scheduler_address, run_id, connect_timeout_s=30)
+        try:
+            yield channel
+        finally:
+            channel.close()
+
+
 def test_every_agent_update_is_a_task_run_from_its_admission_to_its_sync(tiny_run) -> None:
     steps = 2  # the tiny_run fixture's
     agents = sorted(tiny_run.report["agents"])
@@ -75,13 +88,14 @@ def test_an_update_fails_with_its_agents_error_and_the_others_end_cancelled(pref
 
     @flow
     def pipeline_told() -> None:
-        board = UpdateBoard("run-test")
-        board.on(StepOpened(0, ("solver", "verifier")))
-        board.on(StepOpened(1, ("solver",)))
-        board.on(update)
-        board.on(WeightSynced("solver", 1, "w0", 0.1, all_synced=True))
-        board.on(AgentFailed("verifier", "WeightSyncError: weight sync of agent 'verifier' to v1 timed out"))
-        board.close("the pipeline failed")
+        with channel_of("run-test") as channel:
+            board = UpdateBoard(channel)
+            board.on(StepOpened(0, ("solver", "verifier")))
+            board.on(StepOpened(1, ("solver",)))
+            board.on(update)
+            board.on(WeightSynced("solver", 1, "w0", 0.1, all_synced=True))
+            board.on(AgentFailed("verifier", "WeightSyncError: weight sync of agent 'verifier' to v1 timed out"))
+            board.close("the pipeline failed")
 
     state = pipeline_told(return_state=True)
     runs = task_runs(state.state_details.flow_run_id, expected=3)
@@ -93,22 +107,23 @@ def test_an_update_fails_with_its_agents_error_and_the_others_end_cancelled(pref
 
 
 def test_an_update_waits_for_its_weights_to_reach_every_replica(prefect_api) -> None:
-    outcome_seen: list[bool] = []
+    waiting: list[bool] = []
 
     @flow
     def pipeline_told() -> None:
-        board = UpdateBoard("run-test")
-        board.on(StepOpened(0, ("solver",)))
-        board.on(UpdateEvent("solver", 0, 1, 8, 32, 0.5, {}, 1.0))
-        board.on(WeightSynced("solver", 1, "w0", 0.1, all_synced=False))
-        outcome: Future = board.outcomes[("solver", 1)]
-        outcome_seen.append(outcome.done())
-        board.on(WeightSynced("solver", 1, "w1", 0.1, all_synced=True))
-        outcome_seen.append(outcome.done())
-        board.close(None)
+        with channel_of("run-test") as channel:
+            board = UpdateBoard(channel)
+            board.on(StepOpened(0, ("solver",)))
+            board.on(UpdateEvent("solver", 0, 1, 8, 32, 0.5, {}, 1.0))
+            board.on(WeightSynced("solver", 1, "w0", 0.1, all_synced=False))
+            waiting.append(("solver", 1) in board.outcomes)  # not posted yet
+            board.on(WeightSynced("solver", 1, "w1", 0.1, all_synced=True))
+            waiting.append(("solver", 1) in board.outcomes)
+            board.close(None)
 
-    pipeline_told()
-    assert outcome_seen == [False, True]
+    state = pipeline_told(return_state=True)
+    assert waiting == [True, False]
+    assert task_runs(state.state_details.flow_run_id, expected=1)["update-solver-v1"].state.is_completed()
 
 
 def test_the_flow_run_shows_the_graph_and_the_agents_rewards_as_pictures(tiny_run) -> None:

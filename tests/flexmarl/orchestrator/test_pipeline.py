@@ -112,15 +112,16 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
         cfg = load_config(preset="tiny", overrides=[*SMALL, "rollout.sync_timeout_s=2"])
         run_id, store_uri = prepare_run(cfg, tmp_path / "hang")
         runtime = Runtime(RunContext(run_id, str(tmp_path / "hang"), store_uri, cluster.scheduler_address), cfg)
+        events = []
         try:
             runtime.start_engines()
             with pytest.raises(WeightSyncError, match=r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s") as err:
-                runtime.run()
+                runtime.run(on_event=events.append)
         finally:
             runtime.close()
         assert not hang_over.exists()  # it failed at its timeout, not when the replica came back
         # the caller was told whose task failed the run (the flow fails that agent's update task run with it)
-        told = [e for e in iter(runtime.events.get, None) if isinstance(e, AgentFailed)]
+        told = [e for e in events if isinstance(e, AgentFailed)]
         agent = str(err.value).split("'")[1]
         assert [e.agent for e in told] == [agent] and "did not finish within 2s" in told[0].error
 

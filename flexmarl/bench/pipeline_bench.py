@@ -172,7 +172,8 @@ def bench_pipeline(
                 peak = client.run(_peak_memory_since, counts)
                 bound = work_bound(result)
                 rounds[mode].append({"wall_s": result.wall_s, "bound_s": bound, "efficiency": bound / result.wall_s,
-                                     "utilization": result.utilization(), "peak_rss_bytes": max(peak.values())})
+                                     "utilization": result.utilization(), "peak_rss_bytes": max(peak.values()),
+                                     "driver_busy_share": result.driver_busy_share()})
                 log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}, "
                     f"efficiency {bound / result.wall_s:.0%}")
                 if r == repeats - 1:
@@ -181,7 +182,7 @@ def bench_pipeline(
         report["workers"] = len(result.workers)
     for mode, runs in rounds.items():
         report["modes"][mode].update({k: statistics.median(run[k] for run in runs)
-                                      for k in ("wall_s", "bound_s", "efficiency", "utilization")})
+                                      for k in ("wall_s", "bound_s", "efficiency", "utilization", "driver_busy_share")})
         report["modes"][mode]["peak_rss_per_worker_bytes"] = max(run["peak_rss_bytes"] for run in runs)
         report["modes"][mode]["wall_s_spread"] = spread([run["wall_s"] for run in runs])
         report["modes"][mode]["rounds"] = runs
@@ -242,8 +243,8 @@ def markdown_table(report: dict) -> str:
         "round's sync wall time over the mode's; efficiency = work bound / wall time.",
         "",
         "| mode | wall s | speedup vs sync | utilisation | bound s | efficiency | samples | tokens | sync MB/update "
-        "| peak RSS/worker GB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| peak RSS/worker GB | driver busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in report["modes"].items():
         w, x = r["wall_s_spread"], report.get("speedup_vs_sync", {}).get(mode)
@@ -252,7 +253,7 @@ def markdown_table(report: dict) -> str:
             f"| {mode} | {r['wall_s']:.2f} [{w['min']:.2f}, {w['max']:.2f}] | {speedup} | {r['utilization']:.0%} | "
             f"{r['bound_s']:.2f} | {r['efficiency']:.0%} | {r['samples']} | {r['tokens']} | "
             f"{sum(r['sync_bytes_per_update'].values()) / len(r['sync_bytes_per_update']) / 1e6:.2f} | "
-            f"{r['peak_rss_per_worker_bytes'] / 1e9:.2f} |"
+            f"{r['peak_rss_per_worker_bytes'] / 1e9:.2f} | {r['driver_busy_share']:.0%} |"
         )
     if "weights_match_sync" in report:
         lines += ["", f"weights_match_sync: {report['weights_match_sync']} "

@@ -136,7 +136,7 @@ class PipelineRunner:
         self.spans: list[Span] = []
         self.updates: list[UpdateEvent] = []
         self.state_moves: list[StateMove] = []
-        self.store_read_s = 0.0
+        self.store_read_s = self.driver_wait_s = 0.0
         self.stop_requested: StopFlag = threading.Event()
         self.told = {"moves": 0, "recoveries": 0, "recovered": 0}  # how many of each list `on_event` has seen
 
@@ -201,7 +201,8 @@ class PipelineRunner:
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, c.tokens,
                               c.store_write_s, self.store_read_s,
                               sched.balancer.moves if sched.balancer else [], sched.queue_trace, self.state_moves,
-                              c.generated, c.reused, sched.recovery.recoveries)
+                              c.generated, c.reused, sched.recovery.recoveries,
+                              max(time.time() - self.t0 - self.driver_wait_s, 0.0))
 
     # ------------------------------------------------------------------ what the caller is told
 
@@ -249,10 +250,13 @@ class PipelineRunner:
             if self.supervisor.poll():
                 return None
             deadline = min([self.last_progress + self.timeout_s, *self.deadlines.values()])
+            waited = time.time()
             try:
                 return self.finished.get(timeout=min(max(deadline - time.time(), 0.0), self.supervisor.poll_s))
             except queue.Empty:
                 pass
+            finally:
+                self.driver_wait_s += time.time() - waited
             now = time.time()
             late = [f for f, d in self.deadlines.items() if d <= now]
             if late:

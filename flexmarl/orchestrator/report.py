@@ -55,6 +55,8 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
         "wall_s": wall_s,
         "pipeline_s": result.wall_s,
         "utilization": result.utilization(),
+        # the driver loop's busy share: near 1, the driver (scoring, commits, dispatch) limits the pipeline
+        "driver_busy_share": result.driver_busy_share(),
         "workers": len(result.workers),
         # busy fraction of each worker (rollout replicas and training slots alike)
         "worker_utilization": {w: worker_busy[w] / result.wall_s if result.wall_s > 0 else 0.0

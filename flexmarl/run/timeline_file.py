@@ -42,6 +42,7 @@ def write_timeline(result: PipelineResult, path: Path) -> Path:
         "samples_generated": result.samples_generated,
         "samples_reused": result.samples_reused,
         "recoveries": [asdict(r) for r in result.recoveries],
+        "driver_busy_s": result.driver_busy_s,
     }
     path.write_text(json.dumps(data))
     return path
@@ -76,4 +77,5 @@ def read_timeline(path: Path) -> PipelineResult:
         samples_generated=data.get("samples_generated", 0),
         samples_reused=data.get("samples_reused", 0),
         recoveries=[Recovery(**{**r, "workers": tuple(r["workers"])}) for r in data.get("recoveries", [])],
+        driver_busy_s=data.get("driver_busy_s", 0.0),
     )

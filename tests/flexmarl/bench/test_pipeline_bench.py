@@ -42,6 +42,8 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
         assert r["sync_bytes_per_update"]["solver"] == full, (r["sync_bytes_per_update"], full)
         assert 0 < r["sync_bytes_per_update"]["verifier"] < full / 5
         assert r["peak_rss_per_worker_bytes"] >= max(run["peak_rss_bytes"] for run in r["rounds"]) > 100e6
+        # the driver loop waits on the workers for some of the time, and works for some of it
+        assert all(0 < run["driver_busy_share"] < 1 for run in r["rounds"]), r["rounds"]
     ratios = [s["wall_s"] / f["wall_s"] for s, f in zip(saved["modes"]["sync"]["rounds"],
                                                          saved["modes"]["flexmarl"]["rounds"], strict=True)]
     assert saved["speedup_vs_sync"]["flexmarl"]["min"] == pytest.approx(min(ratios))

@@ -21,7 +21,7 @@ def test_a_written_timeline_reads_back_equal(tmp_path: Path) -> None:
         workers=["w0", "w1"], tokens=200, store_write_s=0.2, store_read_s=0.1,
         moves=[Move(1.2, "verifier", "solver", 0.0, 6.0)], queue_trace=[(0.0, "solver", 8), (1.5, "solver", 0)],
         state_moves=[StateMove("solver", "w1", 0.3, True, 0.2)], samples_generated=24, samples_reused=8,
-        recoveries=[Recovery(("w2",), "lost", 1002.0, 1003.5)],
+        recoveries=[Recovery(("w2",), "lost", 1002.0, 1003.5)], driver_busy_s=1.5,
     )
     # every field: the flow's report is built from this file, so a field left out reads back as its default
     defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(PipelineResult)
@@ -30,6 +30,7 @@ def test_a_written_timeline_reads_back_equal(tmp_path: Path) -> None:
     back = read_timeline(write_timeline(result, tmp_path / "timeline.json"))
     assert back == result
     assert back.utilization() == pytest.approx(3.0 / 8.0)
+    assert back.driver_busy_share() == pytest.approx(1.5 / 4.0)
 
 
 def test_a_file_of_another_format_is_refused(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from flexmarl.cluster.config import ClusterConfig
 from flexmarl.configbase import did_you_mean
 from flexmarl.meg.spec import MEGSpec
 from flexmarl.orchestrator.config import TrainLoopConfig
+from flexmarl.rollout import config as rollout_settings
 from flexmarl.rollout.config import RolloutConfig
 from flexmarl.tracking.config import TrackingConfig
 from flexmarl.training.config import TrainerConfig
@@ -85,6 +86,14 @@ class RunConfig(MEGSpec):
     @model_validator(mode="after")
     def _check_templates(self) -> RunConfig:
         self.check_templates(self.data.fields())
+        return self
+
+    @model_validator(mode="after")
+    def _check_backend_installed(self) -> RunConfig:
+        # Here, the driver's own environment, which a LocalCluster's workers share; workers of another Python
+        # (cluster.worker_python) are checked before the run starts (preflight), an existing cluster's not.
+        if self.rollout.backend == "vllm" and self.cluster.worker_python is None and not rollout_settings.vllm_installed():
+            raise ValueError(rollout_settings.VLLM_MISSING)
         return self
 
     @model_validator(mode="after")

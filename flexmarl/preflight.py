@@ -18,6 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from flexmarl.cluster.worker_python import check_worker_python
 from flexmarl.config import RunConfig, dump_config
 from flexmarl.models.adapters import check_adapter_targets
 from flexmarl.models.loading import BUILTIN_MODELS, ModelError, check_model_dir, resolve_model
@@ -38,6 +39,8 @@ def check_inputs(cfg: RunConfig) -> None:
             (the agent named).
         DataError: an unknown dataset or argument (valid ones listed), a JSONL line that does not parse or whose
             answer has no final number (file and line named), an empty file.
+        WorkerPythonError: a ``cluster.worker_python`` that cannot run the workers (or lacks vLLM, where the
+            rollout needs it).
     """
     key = dump_config(cfg)
     if key in _passed:  # `flexmarl train` checked, then its flow checks again in the same process
@@ -59,6 +62,7 @@ def check_inputs(cfg: RunConfig) -> None:
             except ModelError as exc:
                 raise ModelError(f"agents.{name}.{exc}") from None
     load_tasks(cfg.data)
+    check_worker_python(cfg.cluster, needs_vllm=cfg.rollout.backend == "vllm")
     _passed.add(key)
 
 

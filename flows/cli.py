@@ -32,6 +32,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """The project's own errors: each carries a one-line message naming the problem and the fix, so the CLI
     prints it (exit 2) instead of a traceback."""
     from flexmarl.cluster.local import ClusterError
+    from flexmarl.cluster.worker_python import WorkerPythonError
     from flexmarl.config import ConfigError
     from flexmarl.models.loading import ModelError
     from flexmarl.orchestrator.runtime import RunSetupError
@@ -44,7 +45,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from storage.store import StoreError
 
     return (ConfigError, ModelError, DataError, RunSetupError, RunLocationError, RunLockError, ResumeRefused,
-            ClusterError, StoreError, PrefectAPIError, SnapshotError)
+            ClusterError, WorkerPythonError, StoreError, PrefectAPIError, SnapshotError)
 
 
 def stop_on_sigterm(run_dir: Path) -> None:

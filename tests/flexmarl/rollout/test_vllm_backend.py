@@ -158,7 +158,9 @@ def test_a_model_with_a_head_size_cpu_vllm_lacks_is_refused_before_start(model_c
 
 @pytest.mark.skipif(vllm_installed(), reason="checks the error where vllm is missing")
 def test_without_vllm_the_config_and_the_backend_say_how_to_install_it(tiny_dir) -> None:
-    with pytest.raises(ValueError, match="make setup-vllm"):
-        RolloutConfig(backend="vllm")
+    from flexmarl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"cluster.worker_python=.venv-vllm/bin/python"):
+        load_config(preset="tiny", overrides=["rollout.backend=vllm"])
     with pytest.raises(ImportError, match="make setup-vllm"):
         VLLMBackend(tiny_dir)

@@ -30,7 +30,7 @@ from prefect.futures import PrefectFuture, wait
 from prefect.logging import get_run_logger
 from prefect.states import Cancelled, State
 
-from flexmarl.orchestrator.channel import OutcomeRef, RunChannel
+from flexmarl.orchestrator.channel import AgentUpdateError, OutcomeRef, RunChannel, UpdateNotMade
 from flexmarl.orchestrator.records import (
     AgentFailed,
     MicroBatchCommitted,
@@ -53,14 +53,6 @@ EVENT_NAMES: dict[type, str] = {
     AgentFailed: "flexmarl.agent.failed",
 }
 FINAL_WAIT_S = 60.0  # for the waiting task runs to record their end once told, at the end of the run
-
-
-class AgentUpdateError(RuntimeError):
-    """An agent's update failed: the error of the agent's task that failed the run."""
-
-
-class UpdateNotMade(Exception):
-    """The run ended before this update was made (stopped, or failed on another agent)."""
 
 
 @task(name="agent-update", cache_policy=NO_CACHE, task_run_name="update-{agent}-v{version}")

@@ -10,20 +10,24 @@ them may run in another thread or process (under any Prefect task runner) that c
 - each agent update's outcome (its ``UpdateEvent``, or the error that ended it), a Dask ``Variable`` named for
   the agent and version, which its waiting task reads from wherever it runs (``OutcomeRef``).
 
-Values cross pickled, as the scheduler's msgpack carries bytes but not dataclasses.
+Values cross as msgpack-able dicts (``encode_event``/``decode_event``): the scheduler's msgpack carries plain
+data, and nothing here unpickles (``tests/test_security.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
-import pickle
 import queue
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import get_args
 
 from distributed import Client, Event, Queue, Variable
+from pydantic import TypeAdapter
 
 from flexmarl.orchestrator.records import PipelineEvent, UpdateEvent
 
@@ -35,6 +39,47 @@ _END = None  # ends the event stream
 
 def _name(run_id: str, what: str) -> str:
     return f"flexmarl/{run_id}/{what}"
+
+
+class AgentUpdateError(RuntimeError):
+    """An agent's update failed: the error of the agent's task that failed the run."""
+
+
+class UpdateNotMade(Exception):
+    """The run ended before this update was made (stopped, or failed on another agent)."""
+
+
+_EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in get_args(PipelineEvent)}
+_OUTCOME_ERRORS: dict[str, type[Exception]] = {"failed": AgentUpdateError, "not_made": UpdateNotMade}
+
+
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+def encode_event(event: PipelineEvent) -> dict:
+    """``event`` as plain data the scheduler's msgpack carries (tuples become lists; ``decode_event`` restores)."""
+    return {"type": type(event).__name__, "fields": dataclasses.asdict(event)}
+
+
+def decode_event(message: dict) -> PipelineEvent:
+    return _adapter(_EVENT_TYPES[message["type"]]).validate_python(message["fields"])
+
+
+def _encode_outcome(value: UpdateEvent | BaseException) -> dict:
+    if isinstance(value, UpdateEvent):
+        return {"update": encode_event(value)}
+    if isinstance(value, UpdateNotMade):
+        return {"error": "not_made", "message": str(value)}
+    message = str(value) if isinstance(value, AgentUpdateError) else f"{type(value).__name__}: {value}"
+    return {"error": "failed", "message": message}
+
+
+def _decode_outcome(message: dict) -> UpdateEvent:
+    if "update" in message:
+        return decode_event(message["update"])
+    raise _OUTCOME_ERRORS[message["error"]](message["message"])
 
 
 class StopSignal:
@@ -89,7 +134,7 @@ class EventSender:
             events = batch[:-1] if done else batch
             if events:
                 try:
-                    self._queue.put(pickle.dumps(events))
+                    self._queue.put([encode_event(e) for e in events])
                 except Exception as exc:  # noqa: BLE001 - the scheduler is gone: the run fails on its own
                     log.warning("could not send %d pipeline event(s) to the flow: %s", len(events), exc)
             if done:
@@ -105,14 +150,13 @@ class OutcomeRef:
     connect_timeout_s: float
 
     def wait(self) -> UpdateEvent:
-        """Block until the outcome is posted: the update, or the error posted in its place (raised here)."""
+        """Block until the outcome is posted: the update, or the error posted in its place, raised here as
+        ``AgentUpdateError`` (the agent failed) or ``UpdateNotMade``."""
         with Client(self.address, timeout=f"{self.connect_timeout_s}s", set_as_default=False) as client:
             variable = Variable(self.name, client=client)
-            value = pickle.loads(variable.get())
+            message = variable.get()
             variable.delete()
-        if isinstance(value, BaseException):
-            raise value
-        return value
+        return _decode_outcome(message)
 
 
 class RunChannel:
@@ -127,7 +171,7 @@ class RunChannel:
     def events(self) -> Iterator[PipelineEvent]:
         """The pipeline's events, in order, until ``end_events`` is called (after the pipeline task ends)."""
         while (batch := self._queue.get()) is not _END:
-            yield from pickle.loads(batch)
+            yield from map(decode_event, batch)
 
     def end_events(self) -> None:
         self._queue.put(_END)
@@ -136,7 +180,7 @@ class RunChannel:
         return OutcomeRef(self.address, _name(self.run_id, f"update/{agent}/v{version}"), self.connect_timeout_s)
 
     def post(self, ref: OutcomeRef, value: UpdateEvent | BaseException) -> None:
-        Variable(ref.name, client=self.client).set(pickle.dumps(value))
+        Variable(ref.name, client=self.client).set(_encode_outcome(value))
 
     def close(self) -> None:
         self._queue.close()

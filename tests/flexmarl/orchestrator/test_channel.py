@@ -9,8 +9,47 @@ import pytest
 from distributed import Client, LocalCluster
 
 from flexmarl.orchestrator import channel as channel_mod
-from flexmarl.orchestrator.channel import EventSender, RunChannel, StopSignal
-from flexmarl.orchestrator.records import StepOpened, UpdateEvent
+from flexmarl.orchestrator.channel import (
+    AgentUpdateError,
+    EventSender,
+    RunChannel,
+    StopSignal,
+    UpdateNotMade,
+    decode_event,
+    encode_event,
+)
+from flexmarl.orchestrator.records import (
+    AgentFailed,
+    MicroBatchCommitted,
+    PipelineEvent,
+    Recovery,
+    StateMove,
+    StepOpened,
+    UpdateEvent,
+    WeightSynced,
+)
+from flexmarl.rollout.balancer import Move
+
+EVERY_EVENT: list[PipelineEvent] = [
+    StepOpened(3, ("solver", "verifier")),
+    MicroBatchCommitted("solver", 3, 16, 8, 12),
+    WeightSynced("solver", 4, "tcp://127.0.0.1:1", 0.25, True),
+    AgentFailed("verifier", "weight sync timed out"),
+    UpdateEvent("solver", 3, 4, 16, 64, None, {"loss": float("nan"), "kl": 0.01}, 9.5, skipped=True),
+    StateMove("verifier", "tcp://127.0.0.1:2", 1.5, True, 0.75),
+    Recovery(("tcp://127.0.0.1:1",), "hung: no heartbeat", 100.0, 103.5),
+    Move(2.0, "solver", "verifier", 1.0, 7.0),
+]
+
+
+def test_every_pipeline_event_crosses_as_plain_data_and_comes_back_equal() -> None:
+    assert {type(e) for e in EVERY_EVENT} == set(channel_mod._EVENT_TYPES.values())  # none left untested
+    for event in EVERY_EVENT:
+        message = encode_event(event)
+        assert type(message["fields"]) is dict  # msgpack-able: no dataclass crosses
+        back = decode_event(message)
+        assert type(back) is type(event)
+        assert repr(back) == repr(event)  # repr: a NaN loss compares unequal to itself
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +91,11 @@ def test_an_outcome_is_waited_for_wherever_it_is_posted_from(scheduler: str) -> 
         channel.post(made, update)
         waiter.join(timeout=30)
         assert got == [update]
-        channel.post(failed, RuntimeError("weight sync of agent 'verifier' timed out"))
-        with pytest.raises(RuntimeError, match="timed out"):
+        channel.post(failed, AgentUpdateError("weight sync of agent 'verifier' timed out"))
+        with pytest.raises(AgentUpdateError, match="timed out"):
             failed.wait()
+        stopped = channel.outcome_ref("solver", 2)
+        channel.post(stopped, UpdateNotMade("the run ended before this update: stopped"))
+        with pytest.raises(UpdateNotMade, match="stopped"):
+            stopped.wait()
         channel.close()

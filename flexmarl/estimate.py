@@ -2,8 +2,9 @@
 
 The costs are seconds per sample-token on one worker of this project's 2-core machine (one torch thread per
 worker), from measurements there: SmolLM2-135M generates 16 x 64 tokens in about 15 s and trains on 16 x 128
-tokens in about 40 s (27% less since only response positions reach the vocabulary projection), and an
-update (optimizer step, a 1.7 GB state snapshot, the weight sync) costs seconds; the tiny models cost little
+tokens in about 40 s (27% less since only response positions reach the vocabulary projection), an update
+(optimizer step, weight sync) costs seconds and so does each state written (1.7 GB, about 7 s, every
+``train.snapshot_every`` updates); the tiny models cost little
 but the pipeline's per-step overhead. Other models have no price, and get no estimate. It is a rough guide
 for an idle machine (a loaded one is slower: the copy preset, estimated at 3 minutes, took 10 on a machine
 running two other trainings); the run's own progress lines give the measured pace once an update is done.
@@ -24,13 +25,14 @@ from flexmarl.workloads.datasets import TaskItem, load_tasks
 class TokenCosts:
     decode_s: float  # one generated token of one sample, in a batch
     train_s: float  # one token (prompt or response) of one sample through forward and backward
-    update_s: float  # per optimizer step: the step, the state snapshot and the weight sync
+    update_s: float  # per optimizer step: the step and the weight sync
+    snapshot_s: float  # per training state written (train.snapshot_every)
 
 
 COSTS = {
-    "smollm2-135m-instruct": TokenCosts(decode_s=0.015, train_s=0.012, update_s=12.0),
-    "tiny": TokenCosts(decode_s=2e-4, train_s=5e-5, update_s=1.5),
-    "tiny-large": TokenCosts(decode_s=4e-4, train_s=2e-4, update_s=1.5),
+    "smollm2-135m-instruct": TokenCosts(decode_s=0.015, train_s=0.012, update_s=5.0, snapshot_s=7.0),
+    "tiny": TokenCosts(decode_s=2e-4, train_s=5e-5, update_s=1.5, snapshot_s=0.0),
+    "tiny-large": TokenCosts(decode_s=4e-4, train_s=2e-4, update_s=1.5, snapshot_s=0.0),
 }
 
 
@@ -55,7 +57,8 @@ def estimate_run_s(cfg: RunConfig) -> float | None:
             return None
         new = spec.sampling.max_new_tokens
         per_sample = new * costs.decode_s + (prompt_tokens(cfg, agent, task) + new) * costs.train_s
-        total += cfg.samples_per_step(agent) * per_sample + costs.update_s
+        snapshots = costs.snapshot_s / cfg.train.snapshot_every if cfg.train.save_state else 0.0
+        total += cfg.samples_per_step(agent) * per_sample + costs.update_s + snapshots
     return cfg.train.steps * total / max(cfg.cluster.n_workers, 1)
 
 

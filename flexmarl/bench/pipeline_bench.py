@@ -79,6 +79,15 @@ def state_moves(result: PipelineResult) -> dict:
     }
 
 
+def snapshot_cost(result: PipelineResult) -> dict:
+    """The training states written (``train.snapshot_every``): how many, their worker-seconds, and their share
+    of the run's worker-seconds (``share``; the same share of the wall time when they hold up the run)."""
+    spans = [s for s in result.spans if s.kind == "snapshot"]
+    seconds = sum(s.end - s.start for s in spans)
+    return {"count": len(spans), "seconds": seconds,
+            "share": seconds / (len(result.workers) * result.wall_s) if result.wall_s > 0 else 0.0}
+
+
 def work_bound(result: PipelineResult) -> float:
     """A lower bound on the wall time of this run's work under any work-conserving schedule: its generation and
     training worker-seconds spread evenly over its workers, and no less than the longest agent's training (an
@@ -173,7 +182,8 @@ def bench_pipeline(
                 bound = work_bound(result)
                 rounds[mode].append({"wall_s": result.wall_s, "bound_s": bound, "efficiency": bound / result.wall_s,
                                      "utilization": result.utilization(), "peak_rss_bytes": max(peak.values()),
-                                     "driver_busy_share": result.driver_busy_share()})
+                                     "driver_busy_share": result.driver_busy_share(),
+                                     "snapshot_share": snapshot_cost(result)["share"]})
                 log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}, "
                     f"efficiency {bound / result.wall_s:.0%}")
                 if r == repeats - 1:
@@ -182,7 +192,8 @@ def bench_pipeline(
         report["workers"] = len(result.workers)
     for mode, runs in rounds.items():
         report["modes"][mode].update({k: statistics.median(run[k] for run in runs)
-                                      for k in ("wall_s", "bound_s", "efficiency", "utilization", "driver_busy_share")})
+                                      for k in ("wall_s", "bound_s", "efficiency", "utilization", "driver_busy_share",
+                                                "snapshot_share")})
         report["modes"][mode]["peak_rss_per_worker_bytes"] = max(run["peak_rss_bytes"] for run in runs)
         report["modes"][mode]["wall_s_spread"] = spread([run["wall_s"] for run in runs])
         report["modes"][mode]["rounds"] = runs
@@ -232,6 +243,7 @@ def _details(result: PipelineResult, steps: int, reward_threshold: float, out_di
         "tokens": result.tokens,
         "per_agent": per_agent,
         "state_moves": state_moves(result),
+        "snapshots": snapshot_cost(result),
     }
 
 
@@ -243,8 +255,8 @@ def markdown_table(report: dict) -> str:
         "round's sync wall time over the mode's; efficiency = work bound / wall time.",
         "",
         "| mode | wall s | speedup vs sync | utilisation | bound s | efficiency | samples | tokens | sync MB/update "
-        "| peak RSS/worker GB | driver busy |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak RSS/worker GB | driver busy | snapshots |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in report["modes"].items():
         w, x = r["wall_s_spread"], report.get("speedup_vs_sync", {}).get(mode)
@@ -253,7 +265,8 @@ def markdown_table(report: dict) -> str:
             f"| {mode} | {r['wall_s']:.2f} [{w['min']:.2f}, {w['max']:.2f}] | {speedup} | {r['utilization']:.0%} | "
             f"{r['bound_s']:.2f} | {r['efficiency']:.0%} | {r['samples']} | {r['tokens']} | "
             f"{sum(r['sync_bytes_per_update'].values()) / len(r['sync_bytes_per_update']) / 1e6:.2f} | "
-            f"{r['peak_rss_per_worker_bytes'] / 1e9:.2f} | {r['driver_busy_share']:.0%} |"
+            f"{r['peak_rss_per_worker_bytes'] / 1e9:.2f} | {r['driver_busy_share']:.0%} | "
+            f"{r.get('snapshot_share', 0.0):.1%} |"
         )
     if "weights_match_sync" in report:
         lines += ["", f"weights_match_sync: {report['weights_match_sync']} "

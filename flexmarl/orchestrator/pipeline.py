@@ -5,8 +5,9 @@ this module only submits its tasks to the workers they are pinned to, turns fini
 scheduler's events, keeps deadlines, and leaves episodes and store commits to the collector
 (``collector.py``). It records a timeline of every worker's busy time.
 
-Faults: after each update the agent's training state is written as a snapshot (``training/snapshots.py``)
-before the update is recorded, so the store's versions always have a state to restart from. A run that
+Faults: every ``train.snapshot_every`` updates the agent's training state is written as a snapshot
+(``training/snapshots.py``) before the update is recorded; a recovery task that needs a version without one
+rebuilds it on its worker by replaying the store's updates since the last (``training/replay.py``). A run that
 continues a crashed one replays the samples its store already holds (``resume.py``). Lost and hung workers
 are detected by the supervisor (``supervisor.py``); what their work becomes is decided by ``recovery.py``.
 """
@@ -42,7 +43,7 @@ from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
 from flexmarl.rollout.balancer import InterAgentBalancer
 from flexmarl.rollout.episodes import EpisodeGraph, request_seed
-from flexmarl.training import slot, snapshots
+from flexmarl.training import replay, slot, snapshots
 from flexmarl.workloads.datasets import TaskStream
 from storage.store import ExperienceStore
 
@@ -60,7 +61,7 @@ class StopFlag(Protocol):
 
 
 def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, rollout_slots, engines, slots, location, versions,
-                    train: bool = True, snapshots: bool = False) -> Scheduler:
+                    train: bool = True, snapshot_every: int = 0) -> Scheduler:
     """The run's scheduler, from its config (the simulator builds its own from a preset)."""
     shapes = {}
     for agent, spec in cfg.agents.items():
@@ -74,7 +75,7 @@ def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, rollout_slots, en
     return Scheduler(policy=policy, graph=cfg.graph.expanded, agents=shapes,
                      queries_per_step=cfg.train.queries_per_step, group_size=cfg.train.group_size,
                      rollout_slots=rollout_slots, engines=engines, slots=slots, location=location,
-                     versions=versions, balancer=balancer, train=train, snapshots=snapshots)
+                     versions=versions, balancer=balancer, train=train, snapshot_every=snapshot_every)
 
 
 class PipelineRunner:
@@ -99,9 +100,9 @@ class PipelineRunner:
             opened, micro-batches committed, updates recorded, weights synced, slots and states moved,
             recoveries, and the agent whose task is about to fail the run).
         train: False samples and commits the steps' episodes without training (the rollout benchmark).
-        snapshot_root: where each agent's training state is written after each update (a directory or URI
-            under ``training.state_uri``); None writes none, and then a lost trainer past version 0 cannot be
-            rebuilt.
+        snapshot_root: where each agent's training state is written every ``train.snapshot_every`` updates (a
+            directory or URI under ``training.state_uri``); None writes none, and then a lost trainer past
+            version 0 cannot be rebuilt.
         on_submit: called with (kind, agent, worker) after each task is submitted (fault injection in tests
             and ``flexmarl bench chaos``).
     """
@@ -119,10 +120,14 @@ class PipelineRunner:
         self.state_uri = str(state_uri).rstrip("/")
         self.sched = build_scheduler(cfg, policy, rollout_slots=rollout_slots, engines=engines, slots=slots,
                                      location=trainers, versions=versions, train=train,
-                                     snapshots=snapshot_root is not None)
+                                     snapshot_every=cfg.train.snapshot_every if snapshot_root is not None else 0)
         self.graph = EpisodeGraph(cfg, tokenizers)
         self.collector = Collector(cfg, store, self.graph, tasks)
         self.trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
+        self.states = replay.StateSources(snapshot_root, {a: replay.StateSource(  # version set where needed
+            self.key(a), model_dirs[a], self.trainer_cfg[a], cfg.agents[a].sampling.temperature,
+            cfg.agents[a].sampling.max_new_tokens, snapshot_root or "", 0, store.spec,
+            cfg.training.state_storage_options) for a in cfg.agents})
         self.timeout_s = cfg.rollout.request_timeout_s
         self.futures: dict[int, Future] = {}  # id(task) -> its future
         self.task_of: dict[Future, Task] = {}
@@ -261,7 +266,7 @@ class PipelineRunner:
             late = [f for f, d in self.deadlines.items() if d <= now]
             if late:
                 task = self.task_of[late[0]]
-                self._restart_hung(task, self._late_message(task), self._late_error(task))
+                self._restart_hung(task, *self._late(task))
                 return None
             if now >= self.last_progress + self.timeout_s and not self.deadlines and not self.sched.recovery.waiting:
                 what = sorted({f"{t.kind.label} {t.agent}" for t in self.sched.inflight})
@@ -274,18 +279,15 @@ class PipelineRunner:
             self.supervisor.restart({task.worker}, why, error)
         self.last_progress = time.time()
 
-    @staticmethod
-    def _late_error(task: Task) -> type[Exception]:
-        return WeightSyncError if task.kind is TaskKind.SYNC else TimeoutError
-
-    def _late_message(self, task: Task) -> str:
+    def _late(self, task: Task) -> tuple[str, type[Exception]]:
+        """Why a task past its deadline fails the run, where its worker cannot be replaced, and as what."""
         if isinstance(task, Sync):
             return (f"weight sync of agent {task.agent!r} to v{task.version} on replica {task.worker} did not finish "
-                    f"within {self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)")
+                    f"within {self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)"), WeightSyncError
         what = (f"generation batch of agent {task.agent!r} on replica" if isinstance(task, Generate)
                 else f"{task.kind.label} task of agent {task.agent!r} on worker")
         return (f"{what} {task.worker} did not finish within {self.cfg.rollout.request_timeout_s:.0f}s "
-                "(rollout.request_timeout_s)")
+                "(rollout.request_timeout_s)"), TimeoutError
 
     # ------------------------------------------------------------------ commands out
 
@@ -326,9 +328,6 @@ class PipelineRunner:
     def _park_uri(self, agent: str) -> str:
         return f"{self.state_uri}/{agent}"
 
-    def _snapshot(self, agent: str, version: int) -> str | None:
-        return snapshots.require_snapshot(self.snapshot_root, agent, version, self.cfg.training.state_storage_options)
-
     def _call(self, task: Task) -> tuple[Callable, tuple]:
         """The worker function that carries out ``task``, and its arguments."""
         key, agent, options = self.key(task.agent), task.agent, self.cfg.training.state_storage_options
@@ -348,13 +347,14 @@ class PipelineRunner:
         if isinstance(task, Snapshot):
             version = self.finished_steps[agent].policy_version
             return snapshots.save_snapshot, (key, self.snapshot_root, version, options)
-        if isinstance(task, Sync):
-            if task.source is None:  # the trainer that made the version is gone: from its snapshot
-                weights = snapshots.weights_uri(self._snapshot(agent, task.version))
-                return replica_fns.load_weights_from, (key, task.version, weights, options)
+        if isinstance(task, Sync) and task.source is not None:
             if self.weights.get(agent, (None,))[0] != task.version:  # one fetch for all the agent's engines
                 self.weights[agent] = (task.version, submit_on(self.client, task.source, slot.weights, key))
             return replica_fns.load_weights, (key, task.version, self.weights[agent][1])
+        if isinstance(task, (Sync, CatchUp)):  # the trainer that made the version is gone, or an engine is late
+            state = self.states.at(agent, task.version)
+            return replay.after_snapshot, (state, replica_fns.load_weights_from, key, task.version,
+                                           snapshots.weights_uri(state.uri), options)
         if isinstance(task, Park):
             return slot.park, (key, self._park_uri(agent), options)
         if isinstance(task, Resume):
@@ -362,15 +362,14 @@ class PipelineRunner:
             return slot.resume, (key, *trainer, self._park_uri(agent), self.versions[agent],
                                  after or self.parks.get(agent))
         if isinstance(task, Restore):
-            return snapshots.restore_trainer, (key, *trainer, self._snapshot(agent, task.version), task.version,
-                                               options)
+            state = self.states.at(agent, task.version)
+            return (replay.restore_at, (state,)) if state else (snapshots.restore_trainer, (key, *trainer, None, 0,
+                                                                                             options))
         if isinstance(task, StartReplica):
-            weights = snapshots.weights_uri(self._snapshot(agent, task.version))
-            return replica_fns.restart_replica, (key, self.model_dirs[agent], task.version, self.cfg.rollout,
-                                                 weights, options, self.cfg.agents[agent].adapter)
-        if isinstance(task, CatchUp):
-            weights = snapshots.weights_uri(self._snapshot(agent, task.version))
-            return replica_fns.load_weights_from, (key, task.version, weights, options)
+            state = self.states.at(agent, task.version)
+            return replay.after_snapshot, (state, replica_fns.restart_replica, key, self.model_dirs[agent],
+                                           task.version, self.cfg.rollout, snapshots.weights_uri(state and state.uri),
+                                           options, self.cfg.agents[agent].adapter)
         raise TypeError(f"no worker function for {task!r}")
 
     def _submit(self, task: Task) -> None:
@@ -444,7 +443,8 @@ class PipelineRunner:
                             len(self.sched.waiting[agent]))
         self.updates.append(event)
         self.sched.updated(agent, step, result.policy_version)
-        if self.snapshot_root is not None:  # keep the state just written and the one before it
-            snapshots.prune_snapshots(self.snapshot_root, agent, result.policy_version - 1,
+        if self.snapshot_root is not None:  # keep the newest scheduled state before this version, and later ones
+            every = self.cfg.train.snapshot_every
+            snapshots.prune_snapshots(self.snapshot_root, agent, (result.policy_version - 1) // every * every,
                                       self.cfg.training.state_storage_options)
         self._notify(event)

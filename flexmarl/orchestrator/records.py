@@ -16,7 +16,7 @@ class Span:
     """A stretch of work on one worker, for the timeline picture and utilisation."""
 
     worker: str
-    kind: str  # "rollout", "train", "swap" (a training state moving) or "sync"
+    kind: str  # "rollout", "train", "swap" (a training state moving), "sync" or "snapshot" (a state written)
     agent: str
     start: float
     end: float

@@ -320,9 +320,11 @@ class Runtime:
         if problem is not None:
             base = snapshots.newest_whole_snapshot(root, agent, version, options)
             n = version - base
-            log.warning("the snapshot of agent %r at v%d %s: rebuilding it from %s by replaying the %d update%s the "
-                        "store recorded since", agent, version, problem, f"its snapshot of v{base}" if base else
-                        "its model (v0)", n, "" if n == 1 else "s")
+            skipped = version - version % self.cfg.train.snapshot_every == base  # by train.snapshot_every: expected
+            (log.info if skipped else log.warning)(
+                "the snapshot of agent %r at v%d %s: rebuilding it from %s by replaying the %d update%s the store "
+                "recorded since", agent, version, problem, f"its snapshot of v{base}" if base else "its model (v0)",
+                n, "" if n == 1 else "s")
             fut = submit_on(self.client, self.trainers[agent], replay.rebuild_snapshot, self.key(agent),
                             self.model_dirs[agent], *trainer_args, snapshots.snapshot_uri(root, agent, base) if base
                             else None, base, version, self.store.spec, root, options)

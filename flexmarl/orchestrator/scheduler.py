@@ -66,18 +66,19 @@ class Scheduler(TrainingDispatch):
         versions: per agent, the starting policy version.
         balancer: inter-agent balancing, or None.
         train: False samples and commits the steps without training (the rollout benchmark).
-        snapshots: write each agent's training state after each update, before it is recorded.
+        snapshot_every: write an agent's training state after every k-th update (versions k, 2k, ... and the
+            last), before it is recorded; 0: never.
     """
 
     def __init__(self, *, policy: SchedulePolicy, graph: ExpandedGraph, agents: dict[str, AgentShape],
                  queries_per_step: int, group_size: int, rollout_slots: Sequence[tuple[str, str]],
                  engines: dict[str, list[str]], slots: Sequence[str], location: dict[str, str],
                  versions: dict[str, int], balancer: InterAgentBalancer | None = None, train: bool = True,
-                 snapshots: bool = False) -> None:
+                 snapshot_every: int = 0) -> None:
         self.policy, self.graph, self.shape = policy, graph, agents
         self.agents = list(agents)
         self.queries_per_step, self.group_size = queries_per_step, group_size
-        self.train, self.snapshots, self.balancer = train, snapshots, balancer
+        self.train, self.snapshot_every, self.balancer = train, snapshot_every, balancer
         self.order = graph.order()
         self.turn = {n: i for i, n in enumerate(self.order)}
         self.agent_of = {n.name: n.agent for n in graph.nodes}
@@ -389,7 +390,9 @@ class Scheduler(TrainingDispatch):
         # the agent stays blocked until its replicas have the weights; its slot is free right away
         self.bound[task.agent] = None
         self._work_stale.add(task.agent)
-        if self.snapshots:  # the state is written before the update is recorded: every version has a state
+        version = task.step + 1
+        if self.snapshot_every and (version % self.snapshot_every == 0 or version == self.policy.steps):
+            # written before the update is recorded; other versions are rebuilt from it by replay when needed
             self._emit(Snapshot(task.agent, self.location[task.agent], task.step))
         else:
             self.outbox.append(RecordUpdate(task.agent, task.step))

@@ -29,7 +29,7 @@ class TaskKind(Enum):
     PARK = ("park", 5, "swap")
     RESUME = ("move", 0, "swap")
     PREFETCH = ("prefetch", 20, "swap")
-    SNAPSHOT = ("snapshot", 0, "swap")
+    SNAPSHOT = ("snapshot", 0, "snapshot")
     RESTORE = ("restore", 0, "swap")
     START_REPLICA = ("replica", 0, "sync")
     CATCH_UP = ("catchup", 0, "sync")

@@ -15,7 +15,7 @@ from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.report.series import AgentSeries
 from flexmarl.run.directory import RunDirectory
 
-KINDS = ("rollout", "train", "swap", "sync")
+KINDS = ("rollout", "train", "swap", "sync", "snapshot")
 
 
 def agent_rows(run: RunDirectory, series: Mapping[str, AgentSeries], report: dict | None) -> list[dict]:

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from flexmarl.orchestrator.records import PipelineResult  # noqa: E402
 
-COLOURS = {"rollout": "#4caf50", "train": "#ff9800", "swap": "#e91e63", "sync": "#9e9e9e"}
+COLOURS = {"rollout": "#4caf50", "train": "#ff9800", "swap": "#e91e63", "sync": "#9e9e9e", "snapshot": "#3f51b5"}
 
 
 def draw_timeline(result: PipelineResult, path: Path, *, title: str) -> Path:

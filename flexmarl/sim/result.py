@@ -32,7 +32,7 @@ MODES: dict[str, SimMode] = {
     "sync-disagg": SimMode("sync"),
 }
 
-SPAN_KINDS = ("rollout", "train", "swap", "sync")
+SPAN_KINDS = ("rollout", "train", "swap", "sync", "snapshot")
 
 
 @dataclass

@@ -8,9 +8,11 @@ cuts the consumed samples into micro-batches of ``micro_batch_size``, as the pip
 a committed micro-batch was shorter the result differs by float rounding at most (gradients add up in
 float64, in any order).
 
-Used at resume when the snapshot of an agent's version is missing or damaged (replayed from the newest whole
-snapshot before it, or from the model directory at v0), and as the oracle of runs whose schedule of versions
-depends on timing (``train.max_staleness`` > 0): their weights must equal the replay of their own store.
+Used where an agent's state of a version is needed and its snapshot is missing (``train.snapshot_every`` > 1
+writes one every k versions only) or damaged: at resume, and when a lost trainer or replica is rebuilt
+mid-run (``ensure_snapshot``: replayed from the newest whole snapshot before it, or from the model directory
+at v0); and as the oracle of runs whose schedule of versions depends on timing (``train.max_staleness`` > 0):
+their weights must equal the replay of their own store.
 
 Example:
     >>> updates = recorded_updates(store, "solver", after=2, upto=4)     # the updates to v3 and v4
@@ -20,14 +22,25 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
 
+import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
+from filelock import FileLock
+from fsspec.implementations.local import LocalFileSystem
 
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.snapshots import SnapshotError, restore_trainer, save_snapshot
+from flexmarl.training.snapshots import (
+    SnapshotError,
+    newest_whole_snapshot,
+    restore_trainer,
+    save_snapshot,
+    snapshot_problem,
+    snapshot_uri,
+)
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
 from storage.store import UPDATES, ExperienceStore, StoreSpec
 
@@ -93,3 +106,94 @@ def rebuild_snapshot(
     replay(trainer, opened, recorded_updates(opened, trainer.agent, after=base_version, upto=version),
            config.micro_batch_size)
     return save_snapshot(key, root, version, storage_options)
+
+
+@dataclass(frozen=True)
+class StateSource:
+    """Where a worker finds (or rebuilds) an agent's training state of ``version``: small, sent with a task."""
+
+    key: str  # the agent's engine key (``<run>/<agent>``)
+    model_dir: str
+    config: TrainerConfig
+    temperature: float
+    max_new_tokens: int
+    root: str  # the run's snapshot location
+    version: int
+    store: StoreSpec
+    storage_options: dict
+
+    @property
+    def agent(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def uri(self) -> str:
+        return snapshot_uri(self.root, self.agent, self.version)
+
+
+class StateSources:
+    """Where workers find each agent's training state of a version, for the pipeline's recovery tasks."""
+
+    def __init__(self, root: str | None, base: dict[str, StateSource]) -> None:
+        self.root, self.base = root, base  # base: per agent, its source with any version
+
+    def at(self, agent: str, version: int) -> StateSource | None:
+        """None at v0 (the model directory).
+
+        Raises:
+            SnapshotError: the run writes no states (``train.save_state=false``) and ``version`` is past 0.
+        """
+        if version == 0:
+            return None
+        if self.root is None:
+            raise SnapshotError(
+                f"agent {agent!r} must restart at v{version}, but the run writes no training state "
+                "(train.save_state=false): only a run still at version 0 can recover; set train.save_state=true")
+        return replace(self.base[agent], version=version)
+
+
+def ensure_snapshot(source: StateSource) -> str:
+    """On any worker: the agent's snapshot of ``source.version``, written first if it is missing or damaged,
+    by a trainer of its own (never the agent's live one) restored from the newest whole snapshot before it
+    and replayed through the updates the store recorded since. Returns its URI.
+
+    Workers that need the same version at once (a lost worker's trainer and replica) take turns on a file
+    lock where the snapshots are on a local file system, so one rebuilds it and the others read it.
+    """
+    with _rebuild_lock(source):
+        if snapshot_problem(source.root, source.agent, source.version, source.storage_options) is None:
+            return source.uri
+        base = newest_whole_snapshot(source.root, source.agent, source.version, source.storage_options)
+        scratch = f"{source.key.rsplit('/', 1)[0]}~replay/{source.agent}"  # the agent's name stays last
+        try:
+            rebuild_snapshot(scratch, source.model_dir, source.config, source.temperature, source.max_new_tokens,
+                             snapshot_uri(source.root, source.agent, base) if base else None, base, source.version,
+                             source.store, source.root, source.storage_options)
+        finally:
+            slot.drop_trainer(scratch)
+    return source.uri
+
+
+def _rebuild_lock(source: StateSource) -> AbstractContextManager:
+    fs, path = fsspec.core.url_to_fs(source.root, **source.storage_options)
+    if not isinstance(fs, LocalFileSystem):  # object stores: rebuilds of one version may overlap (same bytes)
+        return nullcontext()
+    fs.makedirs(f"{path}/{source.agent}", exist_ok=True)
+    return FileLock(f"{path}/{source.agent}/rebuild-v{source.version}.lock")
+
+
+def restore_at(source: StateSource) -> str:
+    """Rebuild the agent's trainer on this worker at ``source.version`` (``restore_trainer`` from its snapshot,
+    rebuilt first if missing). Returns the worker's address."""
+    snapshot = ensure_snapshot(source) if source.version > 0 else None
+    return restore_trainer(source.key, source.model_dir, source.config, source.temperature, source.max_new_tokens,
+                           snapshot, source.version, source.storage_options)
+
+
+def after_snapshot(source: StateSource | None, fn, *args):  # noqa: ANN001, ANN201 - any worker function
+    """``fn(*args)`` on this worker once the snapshot of ``source`` is whole (rebuilt first if missing; None:
+    version 0, the model directory): for a replica that loads the weights of a version whose state the run
+    did not write."""
+    if source is not None:
+        ensure_snapshot(source)
+    return fn(*args)

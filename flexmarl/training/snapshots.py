@@ -1,9 +1,10 @@
 """Each agent's training state at its version boundaries: the cut a lost trainer or a resumed run restarts from.
 
-After every update the pipeline writes the agent's whole training state (``TrainingState.to(uri)``: weights,
-Adam moments, scheduler, version, RNG) to ``<root>/<agent>/v<N>``, before the update is recorded in the store.
-So whatever version the store says an agent is at, its state of that version is here, and a trainer rebuilt
-from it on any worker continues exactly where the lost one was at the start of the step. ``root`` is a
+Every ``train.snapshot_every`` updates the pipeline writes the agent's whole training state
+(``TrainingState.to(uri)``: weights, Adam moments, scheduler, version, RNG) to ``<root>/<agent>/v<N>``, before
+the update is recorded in the store. Whatever version the store says an agent is at, its state of that
+version is here or is rebuilt from the one before it by replaying the store's updates (``replay.py``), and a
+trainer built from it on any worker continues exactly where the lost one was at the start of the step. ``root`` is a
 directory or fsspec URI every worker reaches: ``<training.state_uri>/by-version`` (by default under the run
 directory, like the states parked when agents move between slots; agent names cannot contain '-', so it
 never clashes with an agent's parked state).

@@ -26,3 +26,10 @@ def test_a_model_without_measured_costs_gets_no_estimate(tmp_path, tiny_dir) -> 
     cfg = load_config(preset="tiny", overrides=[f"agents.solver.model={tiny_dir}"])
     assert estimate_run_s(cfg) is None
     assert "no time estimate" in describe_estimate(cfg)
+
+
+def test_states_written_every_k_updates_cost_a_kth_of_the_writes() -> None:
+    est = {k: estimate_run_s(load_config(preset="default", overrides=[f"train.snapshot_every={k}"])) for k in (1, 4)}
+    none = estimate_run_s(load_config(preset="default", overrides=["train.save_state=false"]))
+    assert none < est[4] < est[1]
+    assert est[1] - none == pytest.approx(4 * (est[4] - none))

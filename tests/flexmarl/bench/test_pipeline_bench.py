@@ -15,7 +15,8 @@ from flexmarl.orchestrator.records import PipelineResult, Span
 
 def test_the_work_bound_spreads_the_work_over_workers_and_keeps_each_agents_training_serial() -> None:
     spans = [Span("w1", "rollout", "a", 0, 4), Span("w2", "rollout", "b", 0, 2), Span("w1", "train", "a", 4, 5),
-             Span("w2", "sync", "b", 2, 3), Span("w2", "swap", "b", 3, 4)]  # the schedule's overhead: not work
+             Span("w2", "sync", "b", 2, 3), Span("w2", "swap", "b", 3, 4),  # the schedule's overhead: not work
+             Span("w1", "snapshot", "a", 5, 6)]
     assert work_bound(PipelineResult(0.0, 10.0, spans, [], ["w1", "w2"], 0)) == 3.5  # (4 + 2 + 1) / 2 workers
     one_agent = [Span("w1", "train", "a", 0, 6), Span("w2", "rollout", "b", 0, 1)]
     assert work_bound(PipelineResult(0.0, 10.0, one_agent, [], ["w1", "w2"], 0)) == 6.0  # a's training is serial
@@ -44,6 +45,9 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
         assert r["peak_rss_per_worker_bytes"] >= max(run["peak_rss_bytes"] for run in r["rounds"]) > 100e6
         # the driver loop waits on the workers for some of the time, and works for some of it
         assert all(0 < run["driver_busy_share"] < 1 for run in r["rounds"]), r["rounds"]
+        # each agent's one update wrote its state (the last version always is), on the worker's clock
+        assert r["snapshots"]["count"] == 2 and 0 < r["snapshots"]["share"] < 1, r["snapshots"]
+        assert 0 < r["snapshot_share"] < 1
     ratios = [s["wall_s"] / f["wall_s"] for s, f in zip(saved["modes"]["sync"]["rounds"],
                                                          saved["modes"]["flexmarl"]["rounds"], strict=True)]
     assert saved["speedup_vs_sync"]["flexmarl"]["min"] == pytest.approx(min(ratios))

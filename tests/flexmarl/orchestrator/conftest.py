@@ -22,7 +22,7 @@ AGENTS = ["planner", "solver", "judge"]
 
 def make(mode: str = "flexmarl", *, steps: int = 2, staleness: int = 0, pipeline: bool = True, queries: int = 4,
          group: int = 2, micro: int = 2, slots=("t0", "t1"), rollout=("r0", "r1"), per_worker: int = 2,
-         balance: bool = False, agent_wise=(), versions=None, snapshots: bool = False, batch_limit: int = 16,
+         balance: bool = False, agent_wise=(), versions=None, snapshot_every: int = 0, batch_limit: int = 16,
          location=None) -> Scheduler:
     policy = SchedulePolicy(mode=mode, steps=steps, pipeline=pipeline, max_staleness={a: staleness for a in AGENTS})
     shapes = {a: AgentShape(micro, 8, batch_limit, a in agent_wise) for a in AGENTS}
@@ -32,7 +32,7 @@ def make(mode: str = "flexmarl", *, steps: int = 2, staleness: int = 0, pipeline
         rollout_slots=rollout_slots, engines={a: list(rollout) for a in AGENTS}, slots=list(slots),
         location=location or {a: slots[i % len(slots)] for i, a in enumerate(AGENTS)},
         versions=versions or {a: 0 for a in AGENTS},
-        balancer=InterAgentBalancer(threshold=1, cooldown_s=0) if balance else None, snapshots=snapshots)
+        balancer=InterAgentBalancer(threshold=1, cooldown_s=0) if balance else None, snapshot_every=snapshot_every)
 
 
 class Script:

@@ -48,7 +48,7 @@ def test_a_lost_rollout_worker_requeues_its_batches_and_gives_its_slots_back(sch
 
 
 def test_a_lost_trainer_is_restored_and_its_step_trained_again_from_the_start(scheduler, script) -> None:
-    s = script(scheduler("flexmarl", steps=2, slots=("t0", "t1"), snapshots=True,
+    s = script(scheduler("flexmarl", steps=2, slots=("t0", "t1"), snapshot_every=1,
                          location={"planner": "t0", "solver": "t1", "judge": "t1"}))
     advance(s, lambda s: any(t.worker == "t0" for t in s.tasks(TaskKind.TRAIN)))
     agent = next(t.agent for t in s.tasks(TaskKind.TRAIN) if t.worker == "t0")
@@ -74,7 +74,7 @@ def test_a_lost_trainer_is_restored_and_its_step_trained_again_from_the_start(sc
 
 
 def test_syncs_from_a_lost_trainer_are_redone_from_its_snapshot(scheduler, script) -> None:
-    s = script(scheduler("flexmarl", steps=2, slots=("t0", "t1"), snapshots=True,
+    s = script(scheduler("flexmarl", steps=2, slots=("t0", "t1"), snapshot_every=1,
                          location={"planner": "t0", "solver": "t1", "judge": "t1"}))
     advance(s, lambda s: any(t.agent == "planner" for t in s.tasks(TaskKind.SYNC)))
     s.s.recovery.lost({"t0"}, Recovery(("t0",), "lost", 0.0))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from flexmarl.orchestrator.tasks import Commit, Discard, Generate, Prefetch, Resume, Sync, TaskKind, Train
+from flexmarl.orchestrator.tasks import (
+    Commit, Discard, Generate, Prefetch, RecordUpdate, Resume, Snapshot, Sync, TaskKind, Train,
+)
 
 G = TaskKind.GENERATE
 
@@ -141,3 +143,18 @@ def test_the_balancers_count_follows_the_queue_as_batches_leave_it(scheduler, sc
         if not s.running:
             break
         s.finish(s.running[0])
+
+
+@pytest.mark.parametrize("every,written", [(0, []), (1, [1, 2, 3, 4, 5]), (2, [2, 4, 5]), (4, [4, 5]), (6, [5])])
+def test_states_are_written_every_k_versions_and_each_before_its_update_is_recorded(scheduler, script, every,
+                                                                                   written) -> None:
+    s = script(scheduler("flexmarl", steps=5, snapshot_every=every))
+    s.run(0)
+    assert s.s.versions == {"planner": 5, "solver": 5, "judge": 5}
+    for agent in ("planner", "solver", "judge"):
+        snapshots = [c.step + 1 for c in s.log if isinstance(c, Snapshot) and c.agent == agent]
+        assert snapshots == written
+        recorded = [c for c in s.log if isinstance(c, (Snapshot, RecordUpdate)) and c.agent == agent]
+        for i, cmd in enumerate(recorded):  # a snapshot comes right before the record of its version
+            if isinstance(cmd, Snapshot):
+                assert isinstance(recorded[i + 1], RecordUpdate) and recorded[i + 1].step == cmd.step

@@ -26,6 +26,7 @@ class SchedulePolicy:
     pipeline: bool  # train micro-batches while the rest of the batch is generated
     max_staleness: dict[str, int]  # per agent: how many versions behind a sample's generator may be
     queue_depth: int = 2  # micro-batches of one agent queued on its training slot at once
+    micro_batch_generation: bool = False  # pipelined: generation batches of one micro-batch (``batch_limit``)
 
     @property
     def layered(self) -> bool:
@@ -46,6 +47,18 @@ class SchedulePolicy:
         it can never be ahead, since that update needs them.
         """
         return step - self.max_staleness[agent] <= version <= step
+
+    def batch_limit(self, limit: int, micro_batch_size: int) -> int:
+        """Most requests of one agent in one generation batch (``limit``: ``rollout.max_batch_size``).
+
+        With ``micro_batch_generation``, pipelined training cuts generation into micro-batch-sized batches: the
+        first micro-batch is then committed, and trained, while the rest of the step is still generated, and
+        every replica of the agent gets a share of the step. That pays where a batch's time grows with its
+        size (a CPU); where decoding is memory-bound (a GPU), small batches waste the device, and the
+        simulator's presets leave it off. The other schedules train on whole batches only.
+        """
+        cut = self.micro_batch_generation and self.mode == "flexmarl" and self.pipeline
+        return min(limit, micro_batch_size) if cut else limit
 
     def may_train(self, agent: str, step: int, complete: dict[str, set[int]]) -> bool:
         """May a committed micro-batch of ``agent``'s ``step`` be trained now?

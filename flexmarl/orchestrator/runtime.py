@@ -192,6 +192,7 @@ def schedule_policy(cfg: RunConfig) -> SchedulePolicy:
         mode=cfg.train.mode,
         steps=cfg.train.steps,
         pipeline=cfg.train.pipeline,
+        micro_batch_generation=cfg.rollout.micro_batch_generation,
         max_staleness={
             a: spec.max_staleness if spec.max_staleness is not None else cfg.train.max_staleness
             for a, spec in cfg.agents.items()

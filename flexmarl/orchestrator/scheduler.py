@@ -280,7 +280,7 @@ class Scheduler(TrainingDispatch):
                     continue
                 eligible = self._eligible(agent, waiting, version)
                 chosen = self.policy.pick_requests([(waiting[i].step, waiting[i].sample_id) for i in eligible],
-                                                   shape.batch_limit)
+                                                   self.policy.batch_limit(shape.batch_limit, shape.micro_batch_size))
                 if not chosen:
                     nothing_for.add(version)
                     continue

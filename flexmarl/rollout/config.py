@@ -71,6 +71,11 @@ class RolloutConfig(Strict):
     long (seconds)."""
     max_batch_size: int = Field(32, ge=1)
     """Most requests one replica generates in one batch; waiting requests join the next batch."""
+    micro_batch_generation: bool = True
+    """In the pipelined 'flexmarl' mode, generate at most one micro-batch (``training.micro_batch_size``) per
+    batch: the step is spread over every replica of the agent, and its first micro-batch is committed and
+    trained while the rest is still generated. On a CPU a batch's time grows with its size, so little is
+    lost; on a GPU, where decoding is memory-bound, false keeps batches of ``max_batch_size``."""
     sync_timeout_s: float = Field(300.0, gt=0)
     """Longest wait for a weight sync to one replica. Past it the replica counts as hung: its worker's nanny
     kills it and its engines are rebuilt elsewhere; a worker without a nanny fails the run, naming agent,

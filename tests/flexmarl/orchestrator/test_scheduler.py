@@ -158,3 +158,17 @@ def test_states_are_written_every_k_versions_and_each_before_its_update_is_recor
         for i, cmd in enumerate(recorded):  # a snapshot comes right before the record of its version
             if isinstance(cmd, Snapshot):
                 assert isinstance(recorded[i + 1], RecordUpdate) and recorded[i + 1].step == cmd.step
+
+
+@pytest.mark.parametrize("mode,pipeline,cut,largest", [("flexmarl", True, True, 4), ("flexmarl", True, False, 16),
+                                                       ("flexmarl", False, True, 16), ("sync", True, True, 16)])
+def test_pipelined_training_cuts_generation_into_micro_batch_sized_batches(scheduler, script, mode, pipeline, cut,
+                                                                          largest) -> None:
+    # 8 queries x group 2: 16 requests of the planner per step; micro-batches of 4 samples
+    s = script(scheduler(mode, steps=1, queries=8, micro=4, pipeline=pipeline, batch_limit=16,
+                         micro_batch_generation=cut))
+    s.run(0)
+    sizes = [len(t.requests) for t in s.log if isinstance(t, Generate) and t.agent == "planner"]
+    assert max(sizes) == largest and sum(sizes) == 16
+    if largest == 4:  # both of the planner's replicas sampled
+        assert len({t.worker for t in s.log if isinstance(t, Generate) and t.agent == "planner"}) == 2

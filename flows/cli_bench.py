@@ -73,6 +73,36 @@ def rollout(
     console.print(f"report: {out / 'bench_rollout.json'}")
 
 
+@bench_app.command("decode")
+def decode(
+    out: Annotated[Path, typer.Option(help="Output directory for bench_decode.json.")],
+    model: Annotated[str, typer.Option(help="Model setting.")] = "smollm2-135m-instruct",
+    batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "16,64",
+    new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per request.")] = 64,
+) -> None:
+    """Each backend's decode tokens/s beside what this machine allows the model at that batch: a roofline of
+    one decode step from the measured matmul rate and memory bandwidth (flexmarl/bench/decode_limit.py)."""
+    from flexmarl.bench.backend_bench import compare_backends
+
+    sizes = [int(b) for b in batches.split(",") if b.strip()]
+    results = [compare_backends(model, b, new_tokens) for b in sizes]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_decode.json").write_text(json.dumps({"model": model, "results": results}, indent=2))
+    threads = results[0]["limit"]["torch_threads"]
+    table = Table(title=f"{model}: decode tokens/s, {new_tokens} new tokens, {threads} torch thread(s) (a run's "
+                        "workers have one each: OMP_NUM_THREADS=1)")
+    for col in ("batch", "machine limit", "hf", "vllm"):
+        table.add_column(col)
+    for r in results:
+        limit = r["limit"]
+        cells = [f"{b['tokens_per_s']:.0f} ({b['share_of_limit']:.0%})" if "tokens_per_s" in b else "-"
+                 for b in (r["backends"]["hf"], r["backends"]["vllm"])]
+        table.add_row(str(r["batch"]), f"{limit['tokens_per_s']:.0f} ({limit['bound']}-bound: "
+                      f"{limit['matmul_gflops']:.0f} GFLOP/s, {limit['memory_gb_s']:.0f} GB/s)", *cells)
+    console.print(table)
+    console.print(f"report: {out / 'bench_decode.json'}")
+
+
 @bench_app.command("swap")
 def swap(
     out: Annotated[Path, typer.Option(help="Output directory for bench_swap.json.")],

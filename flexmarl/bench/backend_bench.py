@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from flexmarl.bench.decode_limit import decode_limit
 from flexmarl.models.loading import ModelError, load_tokenizer, resolve_model
 from flexmarl.rollout.backend import GenerationRequest
 from flexmarl.rollout.config import VLLMSettings, vllm_installed
@@ -110,10 +111,13 @@ def vllm_in_subprocess(
     return {"unavailable": f"the vllm benchmark printed no result: {done.stdout.strip()[-500:]}"}
 
 
-def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_python: Path = VLLM_PYTHON) -> dict:
-    """``{"model", "batch", "new_tokens", "backends": {"hf": {"tokens_per_s"...}, "vllm": {...} or
-    {"unavailable": reason}}}``."""
-    hf = backend_throughput("hf", model, batch, new_tokens)
+def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_python: Path = VLLM_PYTHON,
+                     prompt_len: int = 32) -> dict:
+    """``{"model", "batch", "new_tokens", "limit": {...}, "backends": {"hf": {"tokens_per_s", "share_of_limit",
+    ...}, "vllm": {...} or {"unavailable": reason}}}``; ``limit`` is what this machine allows the model's
+    decoding at that batch (``decode_limit``), ``share_of_limit`` each backend's tokens/s over it."""
+    limit = decode_limit(resolve_model(model), batch=batch, context=prompt_len + new_tokens // 2)
+    hf = backend_throughput("hf", model, batch, new_tokens, prompt_len=prompt_len)
     if vllm_installed():
         try:
             vllm = backend_throughput("vllm", model, batch, new_tokens)
@@ -121,7 +125,11 @@ def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_
             vllm = {"unavailable": f"{type(exc).__name__}: {exc}"}
     else:
         vllm = vllm_in_subprocess(model, batch, new_tokens, python=vllm_python)
-    return {"model": model, "batch": batch, "new_tokens": new_tokens, "backends": {"hf": hf, "vllm": vllm}}
+    for result in (hf, vllm):
+        if "tokens_per_s" in result:
+            result["share_of_limit"] = result["tokens_per_s"] / limit["tokens_per_s"]
+    return {"model": model, "batch": batch, "new_tokens": new_tokens, "limit": limit,
+            "backends": {"hf": hf, "vllm": vllm}}
 
 
 def main(argv: list[str] | None = None) -> None:

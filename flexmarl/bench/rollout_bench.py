@@ -69,12 +69,14 @@ def bench_rollout(
                     f"{len(last[way].moves)} slot moves")
     median = {w: statistics.median(v) for w, v in walls.items()}
     tokens = last["dependency"].tokens
+    backends = compare_backends(backend_model)
     report = {
         "workload": workload,
         "episodes": cfg.train.queries_per_step * cfg.train.group_size,
         "tokens": tokens,
         "repeats": repeats,
-        "backends": compare_backends(backend_model)["backends"],
+        "backends": backends["backends"],
+        "decode_limit": backends["limit"],
         "dependency_parallel": {
             "layered_s": median["layered"], "dependency_s": median["dependency"],
             "speedup": median["layered"] / median["dependency"],

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+import torch
+
 from flexmarl.bench.backend_bench import backend_throughput, compare_backends, vllm_in_subprocess
+from flexmarl.bench.decode_limit import decode_limit, model_costs
+from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.rollout.config import vllm_installed
 
 
@@ -33,6 +37,23 @@ def test_without_a_vllm_environment_vllm_is_reported_unavailable(model_cache, tm
     assert report["backends"]["hf"]["tokens_per_s"] > 0
     assert set(report["backends"]["vllm"]) == {"unavailable"}
     assert "make setup-vllm" in report["backends"]["vllm"]["unavailable"]
+    hf, limit = report["backends"]["hf"], report["limit"]
+    assert hf["share_of_limit"] == pytest.approx(hf["tokens_per_s"] / limit["tokens_per_s"])
+
+
+def test_the_decode_limit_is_the_slower_of_compute_and_memory(model_cache) -> None:
+    costs = model_costs(resolve_model("tiny"))
+    model = load_model(resolve_model("tiny"))
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert costs["linear_flops_per_token"] == 2 * linear
+    assert costs["weight_bytes"] == sum(4 * p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    one, many = (decode_limit(resolve_model("tiny"), batch=b, context=16, seconds=0.2) for b in (1, 4096))
+    for limit in (one, many):
+        assert limit["tokens_per_s"] == min(limit["compute_tokens_per_s"], limit["memory_tokens_per_s"])
+        assert limit["matmul_gflops"] > 0 and limit["memory_gb_s"] > 0
+    assert one["bound"] == "memory" and many["bound"] == "compute"  # a batch shares each weight read
+    assert one["flops_per_token"] == costs["linear_flops_per_token"] + 4 * model.config.num_hidden_layers * \
+        model.config.hidden_size * 16
 
 
 @pytest.mark.vllm

@@ -1,7 +1,10 @@
 """The driver's data plane: episodes, scoring and store commits, as the scheduler's commands ask.
 
 The scheduler decides when a group is done and which micro-batches to commit; this module holds the episodes
-(prompts, results, rewards) and writes the store. A run continuing a crashed or stopped one takes the store's
+(prompts, results, rewards) and writes the store. A done group is scored in a thread (``REWARD_THREADS``), so
+a slow reward (a sandboxed code run waits on its subprocess) leaves the driver's loop free; a commit (or a
+step's end) that needs a group still being scored is held back until it is (``RewardGate``).
+A run continuing a crashed or stopped one takes the store's
 committed samples of untrained steps (``resume.py``): they count as committed, and their results are replayed
 into the episodes instead of being generated.
 """
@@ -10,7 +13,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pyarrow.compute as pc
@@ -19,13 +23,66 @@ from flexmarl.config import RunConfig
 from flexmarl.orchestrator.records import MicroBatchCommitted
 from flexmarl.orchestrator.resume import StoredResult, StoredRollout
 from flexmarl.orchestrator.scheduler import Scheduler
-from flexmarl.orchestrator.tasks import Commit, MicroBatch, Request
+from flexmarl.orchestrator.tasks import Commit, MicroBatch, Request, StepDone
 from flexmarl.rollout.backend import GenerationResult
 from flexmarl.rollout.episodes import Episode, EpisodeGraph
 from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score, trainable_samples
 from flexmarl.workloads.datasets import TaskStream
 from storage.schema import SampleStatus
 from storage.store import ExperienceStore
+
+
+REWARD_THREADS = 2  # groups scored at once (threads: reward code that waits on a subprocess releases the GIL)
+
+
+class RewardGate:
+    """Commits and step ends go in the scheduler's order, each held back until the groups it needs are scored.
+
+    The executor asks ``held_back(cmd)`` of every command before it carries it out, and carries out
+    ``released()`` first on each turn. A commit reads its groups' rewards, and a step's end drops the step's
+    episodes, so neither may overtake a scoring; keeping their order keeps the store's commits in the same
+    order as when scoring ran inline.
+    """
+
+    def __init__(self) -> None:
+        self.unscored: dict[tuple[int, int], Future] = {}  # (step, query) -> its group's scoring
+        self.held: list[Commit | StepDone] = []  # commands waiting, in the scheduler's order
+        self.going: set[int] = set()  # ids of the held commands ``released`` just let go
+
+    def scoring(self, step: int, query: int, fut: Future) -> None:
+        self.unscored[(step, query)] = fut
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.unscored or self.held)
+
+    def held_back(self, cmd: object) -> bool:
+        """Hold ``cmd`` back (True) if it is a commit or a step's end that needs a group still being scored, or
+        if an earlier one is held (their order stays)."""
+        if id(cmd) in self.going:  # let go by ``released``: it must not queue behind the ones after it
+            self.going.discard(id(cmd))
+            return False
+        if isinstance(cmd, (Commit, StepDone)) and (self.held or self._waits(cmd)):
+            self.held.append(cmd)
+            return True
+        return False
+
+    def released(self) -> list[Commit | StepDone]:
+        """The held commands that may go now, in their order: up to the first one still waiting."""
+        out = []
+        while self.held and not self._waits(self.held[0]):
+            out.append(self.held.pop(0))
+        self.going = {id(c) for c in out}
+        return out
+
+    def _waits(self, cmd: Commit | StepDone) -> bool:
+        for key, fut in list(self.unscored.items()):
+            if fut.done():
+                fut.result()  # scoring's own failure fails the run (a reward's error fails only its episode)
+                del self.unscored[key]
+        if isinstance(cmd, StepDone):
+            return any(step == cmd.step for step, _ in self.unscored)
+        return any((cmd.step, q) in self.unscored for mb in cmd.batches for q in mb.queries)
 
 
 class Collector:
@@ -41,6 +98,8 @@ class Collector:
         self.replay: dict[str, StoredResult] = {}
         self.store_write_s = 0.0
         self.generated = self.reused = self.tokens = 0
+        self.scoring = ThreadPoolExecutor(REWARD_THREADS, thread_name_prefix="rewards")
+        self.gate = RewardGate()
 
     def open(self, from_step: int) -> None:
         """Read where the store's transactions and committed samples stand (before the first step)."""
@@ -91,9 +150,12 @@ class Collector:
         self.reused += 1
         return self.record(request, stored.prompt_ids, stored.result)
 
-    def score_group(self, step: int, query: int) -> None:
+    def score_group(self, step: int, query: int, wake: Callable[[], None]) -> None:
+        """Score the group in a thread; ``wake`` is called (from it) once it is scored."""
         g = self.cfg.train.group_size
-        score(self.episodes[step][query * g:(query + 1) * g], self.cfg, self.trainer_cfg)
+        fut = self.scoring.submit(score, self.episodes[step][query * g:(query + 1) * g], self.cfg, self.trainer_cfg)
+        self.gate.scoring(step, query, fut)
+        fut.add_done_callback(lambda _: wake())
 
     def step_done(self, step: int) -> None:
         episodes = self.episodes.pop(step)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 from typing import Protocol
 
@@ -37,7 +38,7 @@ from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
 from flexmarl.orchestrator.supervisor import Supervisor
 from flexmarl.orchestrator.tasks import (
     Cancel, CatchUp, Commit, Discard, Finish, Generate, GroupDone, Park, Prefetch, RecordUpdate, Replay, Restore,
-    Resume, Snapshot, StartReplica, StepDone, Sync, Task, TaskKind, Train,
+    Resume, Snapshot, StartReplica, StepDone, Sync, Task, TaskKind, Train, overdue,
 )
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
@@ -137,7 +138,7 @@ class PipelineRunner:
         self.prefetches: dict[str, Future] = {}  # agent -> the task reading its state ahead
         self.weights: dict[str, tuple[int, Future]] = {}  # agent -> (version, the fetch of its new weights)
         self.finished_steps: dict[str, object] = {}  # agent -> its last optimizer step's result
-        self.finished: queue.Queue[Future] = queue.Queue()
+        self.finished: queue.Queue[Future | None] = queue.Queue()  # None: a group was scored
         self.spans: list[Span] = []
         self.updates: list[UpdateEvent] = []
         self.state_moves: list[StateMove] = []
@@ -167,7 +168,7 @@ class PipelineRunner:
             if self.stop_requested.is_set():
                 self.client.cancel(list(self.task_of))
                 raise PipelineStopped(f"the pipeline was stopped at versions {self.versions}; resume it from the store")
-            self._carry_out()
+            self._carry_out(self.collector.gate.released())  # here only: what they free is dispatched below
             while (step := sched.admissible()) is not None:
                 self.collector.open_step(sched, step)
                 self._notify(StepOpened(step, tuple(a for a, v in self.versions.items() if self.sched.train and v <= step)))
@@ -175,7 +176,7 @@ class PipelineRunner:
             sched.dispatch(time.time() - self.t0)
             self._carry_out()
             self._notify_lists()
-            if not sched.inflight and not sched.recovery.waiting:
+            if not sched.inflight and not sched.recovery.waiting and not self.collector.gate.pending:
                 if sched.is_finished(target):
                     break
                 raise RuntimeError(f"pipeline stalled with nothing in flight (versions {self.versions})")
@@ -266,7 +267,9 @@ class PipelineRunner:
             late = [f for f, d in self.deadlines.items() if d <= now]
             if late:
                 task = self.task_of[late[0]]
-                self._restart_hung(task, *self._late(task))
+                self._restart_hung(task, overdue(task, self.cfg.rollout.sync_timeout_s,
+                                                 self.cfg.rollout.request_timeout_s),
+                                   WeightSyncError if isinstance(task, Sync) else TimeoutError)
                 return None
             if now >= self.last_progress + self.timeout_s and not self.deadlines and not self.sched.recovery.waiting:
                 what = sorted({f"{t.kind.label} {t.agent}" for t in self.sched.inflight})
@@ -279,26 +282,18 @@ class PipelineRunner:
             self.supervisor.restart({task.worker}, why, error)
         self.last_progress = time.time()
 
-    def _late(self, task: Task) -> tuple[str, type[Exception]]:
-        """Why a task past its deadline fails the run, where its worker cannot be replaced, and as what."""
-        if isinstance(task, Sync):
-            return (f"weight sync of agent {task.agent!r} to v{task.version} on replica {task.worker} did not finish "
-                    f"within {self.cfg.rollout.sync_timeout_s:.0f}s (rollout.sync_timeout_s)"), WeightSyncError
-        what = (f"generation batch of agent {task.agent!r} on replica" if isinstance(task, Generate)
-                else f"{task.kind.label} task of agent {task.agent!r} on worker")
-        return (f"{what} {task.worker} did not finish within {self.cfg.rollout.request_timeout_s:.0f}s "
-                "(rollout.request_timeout_s)"), TimeoutError
-
     # ------------------------------------------------------------------ commands out
 
-    def _carry_out(self) -> None:
-        for cmd in self.sched.drain():
+    def _carry_out(self, released: list[object] | tuple = ()) -> None:
+        for cmd in chain(released, self.sched.drain()):  # drain: what a command adds comes too
+            if self.collector.gate.held_back(cmd):  # it needs a group whose rewards are still being computed
+                continue
             if isinstance(cmd, Task):
                 self._submit(cmd)
             elif isinstance(cmd, Replay):
                 self.sched.node_done(cmd.request, self.collector.replayed(cmd.request))
-            elif isinstance(cmd, GroupDone):
-                self.collector.score_group(cmd.step, cmd.query)
+            elif isinstance(cmd, GroupDone):  # scored in a thread; the loop wakes when it is done
+                self.collector.score_group(cmd.step, cmd.query, lambda: self.finished.put(None))
             elif isinstance(cmd, Commit):
                 for event in self.collector.commit(self.sched, cmd):
                     self._notify(event)

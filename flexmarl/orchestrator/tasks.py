@@ -255,3 +255,13 @@ class InFlight:
     def of(self, agent: str | None = None, *kinds: TaskKind, worker: str | None = None) -> list[Task]:
         return [t for t in self._tasks.values() if (agent is None or t.agent == agent)
                 and (not kinds or t.kind in kinds) and (worker is None or t.worker == worker)]
+
+
+def overdue(task: Task, sync_timeout_s: float, request_timeout_s: float) -> str:
+    """Why ``task``, past its deadline, fails the run where its worker cannot be replaced."""
+    if isinstance(task, Sync):
+        return (f"weight sync of agent {task.agent!r} to v{task.version} on replica {task.worker} did not finish "
+                f"within {sync_timeout_s:.0f}s (rollout.sync_timeout_s)")
+    what = (f"generation batch of agent {task.agent!r} on replica" if isinstance(task, Generate)
+            else f"{task.kind.label} task of agent {task.agent!r} on worker")
+    return f"{what} {task.worker} did not finish within {request_timeout_s:.0f}s (rollout.request_timeout_s)"

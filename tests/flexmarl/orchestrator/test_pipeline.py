@@ -3,15 +3,19 @@ same weights as the synchronous one, and the staleness bound holds when it is op
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
 
+from flexmarl.bench.chaos_bench import train
 from flexmarl.bench.pipeline_bench import MODES, run_mode
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import load_config
+from flexmarl.workloads.registry import REWARDS
 from storage.store import ExperienceStore
 
 SMALL = ["train.steps=2", "train.queries_per_step=4", "train.group_size=2", "training.micro_batch_size=4"]
@@ -226,3 +230,26 @@ def test_dynamic_sampling_drops_zero_variance_groups_in_every_mode(tmp_path: Pat
         if agent == "verifier":  # the mix this test is about: some groups dropped, some trained
             assert any(u["consumed_ids"] for u in mine)
             assert any(dict(u["metrics"])["groups/dropped_zero_variance"] for u in mine)
+
+
+def test_rewards_run_off_the_driver_loop_which_dispatches_meanwhile(tmp_path: Path, address: str,
+                                                                    monkeypatch) -> None:
+    """A slow reward (here 0.1 s, as a sandboxed code run may take seconds) runs in a thread: while it runs,
+    the loop goes on submitting the other agents' and groups' work, and the run still trains every step."""
+    slow: list[tuple[float, float, str]] = []
+    correct = REWARDS["correct_answer"]
+
+    def slow_correct(x):
+        start = time.time()
+        time.sleep(0.1)
+        slow.append((start, time.time(), threading.current_thread().name))
+        return correct(x)
+
+    monkeypatch.setitem(REWARDS, "correct_answer", slow_correct)
+    submitted: list[float] = []
+    cfg = load_config(preset="fan_out", overrides=[*SMALL, *MODES["flexmarl"]])
+    result, _ = train(cfg, tmp_path / "run", address, on_submit=lambda kind, agent, worker: submitted.append(time.time()))
+    assert len(result.updates) == 2 * len(cfg.agents)
+    assert slow and all(name.startswith("rewards") for _, _, name in slow)
+    during = [t for t in submitted if any(start < t < end for start, end, _ in slow)]
+    assert during, "nothing was dispatched while a reward ran: the loop waited for it"

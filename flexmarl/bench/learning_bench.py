@@ -88,6 +88,22 @@ def disjoint_tasks(candidates: Sequence[TaskItem], served: Sequence[TaskItem], n
                      f"ask for fewer (n_eval) or widen data.dataset_args")
 
 
+def accuracy_by_terms(tasks: Sequence[TaskItem], base: Sequence[bool], trained: Sequence[bool]) -> dict:
+    """Base and trained accuracy of the problems with each number of terms (numbers in the expression).
+
+    Example:
+        >>> t = [TaskItem("a", {"question": "1 + 2 ="}, "3"), TaskItem("b", {"question": "1 + 2 - 3 ="}, "0")]
+        >>> accuracy_by_terms(t, [True, False], [True, True])
+        {'2': {'n': 1, 'base': 1.0, 'trained': 1.0}, '3': {'n': 1, 'base': 0.0, 'trained': 1.0}}
+    """
+    groups: dict[int, list[int]] = {}
+    for i, task in enumerate(tasks):
+        terms = sum(tok[0].isdigit() for tok in EXPRESSION.findall(task.fields.get("question", "")))
+        groups.setdefault(terms, []).append(i)
+    return {str(k): {"n": len(ix), "base": sum(base[i] for i in ix) / len(ix),
+                     "trained": sum(trained[i] for i in ix) / len(ix)} for k, ix in sorted(groups.items())}
+
+
 def served_tasks(cfg: RunConfig) -> list[TaskItem]:
     """Every task the run's training stream serves: steps x queries_per_step, in order."""
     stream = task_stream(cfg.data)
@@ -297,7 +313,9 @@ def run_learning_bench(
         ``n_eval`` held-out tasks) with their 95% Wilson intervals (``base_interval``, ``trained_interval``),
         ``intervals_overlap``, ``steps`` (optimizer steps the solver took), ``wall_s`` (the whole bench),
         ``verifier`` (``verifier_figures`` of each team's verifier judging its own solver's answers), ``gsm8k``
-        (the solvers on GSM8K test problems, when scored), the solver's ``gained``/``lost`` problems, timings,
+        (the solvers on GSM8K test problems, when scored), the solver's ``gained``/``lost`` problems, its accuracy
+        by the number of terms of the problem (``by_terms``: held-out problems share no expression with the
+        training stream, so they hold more of the longer sums than it does), timings,
         data sources and the training reward by step. ``out_dir/eval_answers.jsonl`` holds every held-out
         answer and verdict, base and trained.
     """
@@ -365,6 +383,7 @@ def run_learning_bench(
         # held-out problems the trained solver got right and the base did not, and the reverse
         "gained": sum(t and not b for b, t in pairs),
         "lost": sum(b and not t for b, t in pairs),
+        "by_terms": accuracy_by_terms(tasks, base.truths, trained.truths),
         "parsed_fraction": {s: sum(a.parsed is not None for a in team.solver) / len(tasks)
                             for s, team in (("base", base), ("trained", trained))},
         "train_reward_by_step": {a: r["mean_reward"] for a, r in train_report["agents"].items()},

@@ -106,3 +106,13 @@ def test_greedy_scoring_of_the_same_weights_is_deterministic(tiny_dir: Path) -> 
         sum(v.reward for v in verdicts) / len(verdicts))
     with pytest.raises(ValueError, match="pass their answers as parents"):
         answer_node(cfg, "verifier", tiny_dir, tasks)
+
+
+def test_accuracy_by_terms_splits_the_held_out_problems_by_their_length() -> None:
+    from flexmarl.bench.learning_bench import accuracy_by_terms
+    from flexmarl.workloads.datasets import TaskItem
+
+    q = "State the final answer to the following arithmetic problem: {} ="
+    tasks = [TaskItem(str(i), {"question": q.format(e)}, "0") for i, e in enumerate(["1 + 2", "3 - 4", "5 + 6 - 7"])]
+    assert accuracy_by_terms(tasks, [True, False, False], [True, True, False]) == {
+        "2": {"n": 2, "base": 0.5, "trained": 1.0}, "3": {"n": 1, "base": 0.0, "trained": 0.0}}

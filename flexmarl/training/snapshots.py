@@ -138,8 +138,15 @@ def load_weights(snapshot: str, storage_options: dict | None = None) -> dict[str
 
 
 def prune_snapshots(root: str, agent: str, keep_from: int, storage_options: dict | None = None) -> None:
-    """Delete ``agent``'s snapshots of versions below ``keep_from``."""
+    """Delete ``agent``'s snapshots of versions below ``keep_from``, and the locks of their rebuilds."""
     for version in _stored_versions(root, agent, storage_options):
         if version < keep_from:
             fs, path = fsspec.core.url_to_fs(snapshot_uri(root, agent, version), **(storage_options or {}))
             fs.rm(path, recursive=True)
+    fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{agent}", **(storage_options or {}))
+    if fs.exists(path):  # rebuild-v<N>.lock (replay.ensure_snapshot): nobody rebuilds a version below keep_from
+        for entry in fs.ls(path, detail=False):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if name.startswith("rebuild-v") and name.endswith(".lock") and name[9:-5].isdigit() \
+                    and int(name[9:-5]) < keep_from:
+                fs.rm(entry)

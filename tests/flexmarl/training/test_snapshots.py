@@ -65,8 +65,10 @@ def test_snapshots_are_required_past_version_zero_and_pruned(tmp_path) -> None:
         require_snapshot(None, "solver", 3)
     for name in ("v1", "v2", "v3", "v10"):
         (tmp_path / "solver" / name).mkdir(parents=True)
+    for lock in ("rebuild-v2.lock", "rebuild-v3.lock"):  # left by replay.ensure_snapshot
+        (tmp_path / "solver" / lock).touch()
     prune_snapshots(root, "solver", keep_from=3)
-    assert sorted(p.name for p in (tmp_path / "solver").iterdir()) == ["v10", "v3"]
+    assert sorted(p.name for p in (tmp_path / "solver").iterdir()) == ["rebuild-v3.lock", "v10", "v3"]
 
 
 def test_a_damaged_snapshot_is_told_from_a_whole_one(tiny_dir, tmp_path) -> None:

@@ -1,7 +1,8 @@
 """Reward functions: plain functions of one node's output in its episode, returning a float.
 
 A reward may raise: the episode is then recorded as failed and the run goes on (see the rollout engine).
-Rewards run on the driver; the code rewards run model-written code only through ``sandbox.run_python``.
+Rewards run on the driver, in its scoring threads (``orchestrator/collector.py``), so they must be
+thread-safe; the code rewards run model-written code only through ``sandbox.run_python``.
 """
 
 from __future__ import annotations

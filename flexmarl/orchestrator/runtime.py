@@ -312,7 +312,8 @@ class Runtime:
         """The snapshot ``agent`` restarts from at ``version`` (None at v0: its model directory).
 
         A missing or damaged one is rebuilt first, on the agent's training worker, from the newest whole
-        snapshot before it and the updates the store recorded since (``training/replay.py``).
+        snapshot before it and the updates the store recorded since (``replay.ensure_snapshot``, as a recovery
+        task mid-run does).
         """
         root, options = self.snapshot_root, self.cfg.training.state_storage_options
         if version == 0 or root is None:
@@ -326,9 +327,9 @@ class Runtime:
                 "the snapshot of agent %r at v%d %s: rebuilding it from %s by replaying the %d update%s the store "
                 "recorded since", agent, version, problem, f"its snapshot of v{base}" if base else "its model (v0)",
                 n, "" if n == 1 else "s")
-            fut = submit_on(self.client, self.trainers[agent], replay.rebuild_snapshot, self.key(agent),
-                            self.model_dirs[agent], *trainer_args, snapshots.snapshot_uri(root, agent, base) if base
-                            else None, base, version, self.store.spec, root, options)
+            source = replay.StateSource(self.key(agent), self.model_dirs[agent], *trainer_args, root, version,
+                                        self.store.spec, options)
+            fut = submit_on(self.client, self.trainers[agent], replay.ensure_snapshot, source)
             self._wait([fut], f"rebuilding the snapshot of {agent!r} at v{version}", scale=version - base)
         return snapshots.snapshot_uri(root, agent, version)
 

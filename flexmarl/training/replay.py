@@ -36,6 +36,8 @@ from flexmarl.training.config import TrainerConfig
 from flexmarl.training.snapshots import (
     SnapshotError,
     newest_whole_snapshot,
+    rebuild_lock,
+    require_snapshot,
     restore_trainer,
     save_snapshot,
     snapshot_problem,
@@ -146,9 +148,7 @@ class StateSources:
         if version == 0:
             return None
         if self.root is None:
-            raise SnapshotError(
-                f"agent {agent!r} must restart at v{version}, but the run writes no training state "
-                "(train.save_state=false): only a run still at version 0 can recover; set train.save_state=true")
+            require_snapshot(None, agent, version)  # raises: the run writes nothing to restart from
         return replace(self.base[agent], version=version)
 
 
@@ -164,7 +164,9 @@ def ensure_snapshot(source: StateSource) -> str:
         if snapshot_problem(source.root, source.agent, source.version, source.storage_options) is None:
             return source.uri
         base = newest_whole_snapshot(source.root, source.agent, source.version, source.storage_options)
-        scratch = f"{source.key.rsplit('/', 1)[0]}~replay/{source.agent}"  # the agent's name stays last
+        # the agent's name stays last; under the run's key, so that the run's release frees what it leaves
+        # (an adapter agent's own base)
+        scratch = f"{source.key.rsplit('/', 1)[0]}/~replay/{source.agent}"
         try:
             rebuild_snapshot(scratch, source.model_dir, source.config, source.temperature, source.max_new_tokens,
                              snapshot_uri(source.root, source.agent, base) if base else None, base, source.version,
@@ -179,15 +181,14 @@ def _rebuild_lock(source: StateSource) -> AbstractContextManager:
     if not isinstance(fs, LocalFileSystem):  # object stores: rebuilds of one version may overlap (same bytes)
         return nullcontext()
     fs.makedirs(f"{path}/{source.agent}", exist_ok=True)
-    return FileLock(f"{path}/{source.agent}/rebuild-v{source.version}.lock")
+    return FileLock(f"{path}/{source.agent}/{rebuild_lock(source.version)}")
 
 
 def restore_at(source: StateSource) -> str:
     """Rebuild the agent's trainer on this worker at ``source.version`` (``restore_trainer`` from its snapshot,
     rebuilt first if missing). Returns the worker's address."""
-    snapshot = ensure_snapshot(source) if source.version > 0 else None
     return restore_trainer(source.key, source.model_dir, source.config, source.temperature, source.max_new_tokens,
-                           snapshot, source.version, source.storage_options)
+                           ensure_snapshot(source), source.version, source.storage_options)
 
 
 def after_snapshot(source: StateSource | None, fn, *args):  # noqa: ANN001, ANN201 - any worker function

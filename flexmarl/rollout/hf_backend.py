@@ -53,26 +53,39 @@ class HFBackend:
         Each row samples with the Gumbel-max trick from its own generator, seeded by its request: a
         response depends only on (weights, prompt, seed), not on which other requests share its batch or
         which worker runs it. That is what lets the pipeline reproduce the synchronous schedule exactly.
+
+        Requests with the same prompt (a GRPO group's samples) share one prefill: the prompt runs through the
+        model once and its KV cache is copied to each of its rows. The prefill keeps the logits of the last
+        position only: a prompt-long (rows x positions x vocabulary) logits tensor is most of its cost.
         """
         B = len(requests)
-        width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((B, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((B, width), dtype=torch.long)
-        for i, r in enumerate(requests):  # left padding: every prompt ends at column `width`
-            input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attention[i, width - len(r.prompt_ids) :] = 1
+        prompts: dict[tuple[int, ...], int] = {}
+        row_of = torch.tensor([prompts.setdefault(tuple(r.prompt_ids), len(prompts)) for r in requests])
+        unique = list(prompts)
+        width = max(len(p) for p in unique)
+        input_ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, prompt in enumerate(unique):  # left padding: every prompt ends at column `width`
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            attention[i, width - len(prompt) :] = 1
         generators = [torch.Generator().manual_seed(r.seed) for r in requests]
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, width): padding does not shift positions
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (U, width): padding does not shift positions
         input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
 
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        last, cache = out.logits[:, -1, :], getattr(out, _CACHE)
+        if len(unique) < B:  # one row per request from here on
+            rows = row_of.to(self.device)
+            cache.batch_select_indices(rows)
+            last, attention, positions = last[rows], attention[rows], positions[rows]
         tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long)
         logprobs = torch.zeros((B, max_new_tokens))
         lengths = torch.full((B,), max_new_tokens, dtype=torch.long)
         finished = torch.zeros(B, dtype=torch.bool)
         next_pos = positions[:, -1]
         for t in range(max_new_tokens):
-            logits = out.logits[:, -1, :].float().cpu()  # (B, V)
+            logits = last.float().cpu()  # (B, V)
             logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
             if temperature > 0:
                 uniform = torch.stack([torch.rand(logp.shape[-1], generator=g) for g in generators])  # (B, V)
@@ -95,8 +108,9 @@ class HFBackend:
                 attention_mask=attention,
                 position_ids=next_pos.unsqueeze(-1),
                 use_cache=True,
-                **{_CACHE: getattr(out, _CACHE)},
+                **{_CACHE: cache},
             )
+            last, cache = out.logits[:, -1, :], getattr(out, _CACHE)
         return [
             GenerationResult(
                 r.request_id,

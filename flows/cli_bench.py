@@ -20,7 +20,8 @@ def pipeline(
     modes: Annotated[str, typer.Option(help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1.")] = "sync,flexmarl",
     steps: Annotated[int, typer.Option(help="Optimizer steps per agent and mode.")] = 3,
     workload: Annotated[str, typer.Option(help="Preset of the workload: fan_out (skewed), copy (learns), tiny, "
-                                          "default (SmolLM2).")] = "fan_out",
+                                          "default (SmolLM2); or fan_out_smollm2 (the skewed fan-out with "
+                                          "SmolLM2 agents).")] = "fan_out",
     config: Annotated[Optional[Path], typer.Option(help="A config file instead of a preset workload.")] = None,
     reward_threshold: Annotated[float, typer.Option(help="Reward whose first arrival (mean of 5 updates) each "
                                                     "mode's time_to_reward reports.")] = 0.5,
@@ -79,18 +80,23 @@ def decode(
     model: Annotated[str, typer.Option(help="Model setting.")] = "smollm2-135m-instruct",
     batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "16,64",
     new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per request.")] = 64,
+    group: Annotated[int, typer.Option(min=1, help="Requests per prompt, as in a GRPO group (each batch size "
+                                       "must be a multiple); 1: every prompt differs.")] = 1,
 ) -> None:
     """Each backend's decode tokens/s beside what this machine allows the model at that batch: a roofline of
     one decode step from the measured matmul rate and memory bandwidth (flexmarl/bench/decode_limit.py)."""
     from flexmarl.bench.backend_bench import compare_backends
 
     sizes = [int(b) for b in batches.split(",") if b.strip()]
-    results = [compare_backends(model, b, new_tokens) for b in sizes]
+    uneven = [b for b in sizes if b % group]
+    if uneven:
+        fail(f"--batches {uneven} are not multiples of --group {group}; pick batch sizes that are")
+    results = [compare_backends(model, b, new_tokens, group=group) for b in sizes]
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_decode.json").write_text(json.dumps({"model": model, "results": results}, indent=2))
     threads = results[0]["limit"]["torch_threads"]
-    table = Table(title=f"{model}: decode tokens/s, {new_tokens} new tokens, {threads} torch thread(s) (a run's "
-                        "workers have one each: OMP_NUM_THREADS=1)")
+    table = Table(title=f"{model}: decode tokens/s, {new_tokens} new tokens, {group} request(s) per prompt, "
+                        f"{threads} torch thread(s) (a run's workers have one each: OMP_NUM_THREADS=1)")
     for col in ("batch", "machine limit", "hf", "vllm"):
         table.add_column(col)
     for r in results:

@@ -34,20 +34,28 @@ from flexmarl.rollout.vllm_backend import VLLMBackend
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 
 
-def _requests(model_dir: Path, batch: int, prompt_len: int, new_tokens: int, round_: int) -> list[GenerationRequest]:
+def _requests(
+    model_dir: Path, batch: int, prompt_len: int, new_tokens: int, round_: int, group: int = 1
+) -> list[GenerationRequest]:
+    """``batch`` requests of random prompts; with ``group`` > 1, each prompt is asked ``group`` times with
+    different seeds, as a GRPO group is (``batch`` must be a multiple of ``group``)."""
+    if batch % group:
+        raise ValueError(f"batch {batch} is not a multiple of group {group}")
     tok = load_tokenizer(model_dir)
     specials = set(tok.all_special_ids)
     vocab = [i for i in range(len(tok)) if i not in specials]
     g = torch.Generator().manual_seed(round_)
-    picks = torch.randint(0, len(vocab), (batch, prompt_len), generator=g).tolist()
+    picks = torch.randint(0, len(vocab), (batch // group, prompt_len), generator=g).tolist()
     return [
-        GenerationRequest(f"b{round_}_{i}", [vocab[j] for j in row], new_tokens, 1.0, seed=round_ * batch + i)
-        for i, row in enumerate(picks)
+        GenerationRequest(f"b{round_}_{i}", [vocab[j] for j in picks[i // group]], new_tokens, 1.0,
+                          seed=round_ * batch + i)
+        for i in range(batch)
     ]
 
 
 def backend_throughput(
-    backend: str, model: str, batch: int = 16, new_tokens: int = 64, *, prompt_len: int = 32, repeats: int = 3
+    backend: str, model: str, batch: int = 16, new_tokens: int = 64, *, prompt_len: int = 32, repeats: int = 3,
+    group: int = 1,
 ) -> dict:
     """Measure one backend in this process. Returns ``{"tokens_per_s": float, ...}`` (see the module doc)."""
     model_dir = resolve_model(model)
@@ -61,11 +69,11 @@ def backend_throughput(
     startup_s = time.perf_counter() - start
     try:
         start = time.perf_counter()
-        engine.generate(_requests(model_dir, batch, prompt_len, new_tokens, 0))
+        engine.generate(_requests(model_dir, batch, prompt_len, new_tokens, 0, group))
         first_batch_s = time.perf_counter() - start
         tokens, seconds = 0, 0.0
         for round_ in range(1, repeats + 1):
-            requests = _requests(model_dir, batch, prompt_len, new_tokens, round_)
+            requests = _requests(model_dir, batch, prompt_len, new_tokens, round_, group)
             start = time.perf_counter()
             results = engine.generate(requests)
             seconds += time.perf_counter() - start
@@ -82,6 +90,7 @@ def backend_throughput(
         "batch": batch,
         "new_tokens": new_tokens,
         "prompt_len": prompt_len,
+        "group": group,
         "repeats": repeats,
         "model": model,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
@@ -90,13 +99,13 @@ def backend_throughput(
 
 
 def vllm_in_subprocess(
-    model: str, batch: int, new_tokens: int, *, python: Path = VLLM_PYTHON, timeout_s: float = 1200
+    model: str, batch: int, new_tokens: int, *, python: Path = VLLM_PYTHON, timeout_s: float = 1200, group: int = 1
 ) -> dict:
     """Run the vllm measurement with another environment's Python; ``{"unavailable": reason}`` if it cannot."""
     if not python.exists():
         return {"unavailable": f"vllm is not installed here and {python} does not exist (run `make setup-vllm`)"}
     cmd = [str(python), "-m", "flexmarl.bench.backend_bench", "--backend", "vllm", "--model", model,
-           "--batch", str(batch), "--new-tokens", str(new_tokens)]
+           "--batch", str(batch), "--new-tokens", str(new_tokens), "--group", str(group)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
@@ -112,23 +121,23 @@ def vllm_in_subprocess(
 
 
 def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_python: Path = VLLM_PYTHON,
-                     prompt_len: int = 32) -> dict:
+                     prompt_len: int = 32, group: int = 1) -> dict:
     """``{"model", "batch", "new_tokens", "limit": {...}, "backends": {"hf": {"tokens_per_s", "share_of_limit",
     ...}, "vllm": {...} or {"unavailable": reason}}}``; ``limit`` is what this machine allows the model's
     decoding at that batch (``decode_limit``), ``share_of_limit`` each backend's tokens/s over it."""
     limit = decode_limit(resolve_model(model), batch=batch, context=prompt_len + new_tokens // 2)
-    hf = backend_throughput("hf", model, batch, new_tokens, prompt_len=prompt_len)
+    hf = backend_throughput("hf", model, batch, new_tokens, prompt_len=prompt_len, group=group)
     if vllm_installed():
         try:
-            vllm = backend_throughput("vllm", model, batch, new_tokens)
+            vllm = backend_throughput("vllm", model, batch, new_tokens, group=group)
         except Exception as exc:  # noqa: BLE001 - reported, e.g. a head size vLLM's CPU attention lacks
             vllm = {"unavailable": f"{type(exc).__name__}: {exc}"}
     else:
-        vllm = vllm_in_subprocess(model, batch, new_tokens, python=vllm_python)
+        vllm = vllm_in_subprocess(model, batch, new_tokens, python=vllm_python, group=group)
     for result in (hf, vllm):
         if "tokens_per_s" in result:
             result["share_of_limit"] = result["tokens_per_s"] / limit["tokens_per_s"]
-    return {"model": model, "batch": batch, "new_tokens": new_tokens, "limit": limit,
+    return {"model": model, "batch": batch, "new_tokens": new_tokens, "group": group, "limit": limit,
             "backends": {"hf": hf, "vllm": vllm}}
 
 
@@ -139,9 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--group", type=int, default=1, help="requests per prompt (a GRPO group)")
     args = parser.parse_args(argv)
     try:
-        result = backend_throughput(args.backend, args.model, args.batch, args.new_tokens, repeats=args.repeats)
+        result = backend_throughput(args.backend, args.model, args.batch, args.new_tokens, repeats=args.repeats,
+                                    group=args.group)
     except ModelError as exc:  # a model this backend cannot run here, e.g. a head size vLLM's CPU attention lacks
         result = {"unavailable": str(exc)}
     sys.stdout.flush()

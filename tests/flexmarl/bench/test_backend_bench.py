@@ -9,7 +9,7 @@ import pytest
 
 import torch
 
-from flexmarl.bench.backend_bench import backend_throughput, compare_backends, vllm_in_subprocess
+from flexmarl.bench.backend_bench import _requests, backend_throughput, compare_backends, vllm_in_subprocess
 from flexmarl.bench.decode_limit import decode_limit, model_costs
 from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.rollout.config import vllm_installed
@@ -63,3 +63,12 @@ def test_the_vllm_measurement_runs_as_a_subprocess_and_prints_json(model_cache) 
     assert "unavailable" not in result, result
     _check_counts(result, 4, 8, 3)
     assert result["model"] == "tiny-large"
+
+
+def test_grouped_requests_ask_each_prompt_group_times_with_their_own_seeds(model_cache) -> None:
+    requests = _requests(resolve_model("tiny"), 8, 5, 4, 1, group=4)
+    assert len({tuple(r.prompt_ids) for r in requests}) == 2 and len({r.seed for r in requests}) == 8
+    assert [tuple(r.prompt_ids) for r in requests[:4]] == [tuple(requests[0].prompt_ids)] * 4
+    with pytest.raises(ValueError, match="batch 6 is not a multiple of group 4"):
+        _requests(resolve_model("tiny"), 6, 5, 4, 1, group=4)
+    assert backend_throughput("hf", "tiny", batch=4, new_tokens=4, repeats=1, group=2)["group"] == 2

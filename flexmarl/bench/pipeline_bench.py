@@ -23,7 +23,7 @@ from distributed import Client
 
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
-from flexmarl.config import RunConfig, load_config
+from flexmarl.config import PRESETS, ConfigError, RunConfig, load_config
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
 from flexmarl.report.timeline import draw_timeline
@@ -37,6 +37,32 @@ MODES: dict[str, list[str]] = {
     "no-pipeline": ["train.mode=flexmarl", "train.pipeline=false"],
     "stale1": ["train.mode=flexmarl", "train.max_staleness=1"],
 }
+
+SMOLLM2 = "smollm2-135m-instruct"
+# Workloads beyond the presets: a preset and the overrides that make it. `fan_out_smollm2` is the skewed
+# fan-out with real models: every agent is SmolLM2-135M (the solver runs three times per query, with the
+# longest answers), sized so that a step takes about a minute on this machine's 2 cores.
+WORKLOADS: dict[str, tuple[str, list[str]]] = {
+    "fan_out_smollm2": ("fan_out", [
+        *(f"agents.{agent}.model={SMOLLM2}" for agent in ("planner", "solver", "aggregator")),
+        "agents.solver.sampling.max_new_tokens=32",
+        "train.queries_per_step=4",
+        "training.lr=1e-5",
+        "train.snapshot_every=4",  # a state is 1.7 GB: sparse states, as in the default preset
+    ]),
+}
+
+
+def workload_config(workload: str, overrides: Sequence[str] = ()) -> RunConfig:
+    """The config of a preset or of a named workload (``WORKLOADS``), with ``overrides`` applied last.
+
+    Raises:
+        ConfigError: neither a preset nor a named workload (both lists in the message), or a bad override.
+    """
+    if workload not in WORKLOADS and workload not in PRESETS:
+        raise ConfigError(f"unknown workload {workload!r}; choose a preset {PRESETS} or one of {tuple(WORKLOADS)}")
+    preset, extra = WORKLOADS.get(workload, (workload, []))
+    return load_config(preset=preset, overrides=[*extra, *overrides])
 
 
 def step_times(result: PipelineResult, steps: int) -> list[float]:
@@ -166,7 +192,7 @@ def bench_pipeline(
 
     def mode_config(mode: str) -> RunConfig:
         extra = [*overrides, *MODES[mode], f"train.steps={steps}"]
-        return load_config(config, overrides=extra) if config else load_config(preset=workload, overrides=extra)
+        return load_config(config, overrides=extra) if config else workload_config(workload, extra)
 
     cluster = cluster or mode_config(modes[0]).cluster
     report: dict = {"workload": str(config or workload), "steps": steps, "repeats": repeats, "modes": {}}

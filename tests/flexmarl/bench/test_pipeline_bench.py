@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.bench.pipeline_bench import bench_pipeline, spread, work_bound
+from flexmarl.bench.pipeline_bench import SMOLLM2, bench_pipeline, spread, work_bound, workload_config
 from flexmarl.cluster.config import ClusterConfig
+from flexmarl.config import ConfigError, load_config
 from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.orchestrator.records import PipelineResult, Span
 
@@ -54,3 +55,12 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
     assert saved["speedup_vs_sync"]["sync"]["median"] == 1.0
     assert "efficiency" in (tmp_path / "report.md").read_text() and (tmp_path / "timeline_flexmarl.png").is_file()
     assert report["modes"]["flexmarl"]["per_agent"]
+
+
+def test_the_real_model_fan_out_is_the_fan_out_preset_with_smollm2_agents() -> None:
+    cfg = workload_config("fan_out_smollm2", ["train.steps=2"])
+    preset = load_config(preset="fan_out")
+    assert {a: s.model for a, s in cfg.agents.items()} == dict.fromkeys(preset.agents, SMOLLM2)
+    assert cfg.graph.model_dump() == preset.graph.model_dump() and cfg.train.steps == 2
+    with pytest.raises(ConfigError, match="unknown workload 'fan_out_smolm2'.*fan_out_smollm2"):
+        workload_config("fan_out_smolm2")

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from flexmarl.models import tiny
 from flexmarl.models.names import (  # noqa: F401 - re-exported: callers import them from here
@@ -33,6 +34,11 @@ from flexmarl.models.names import (  # noqa: F401 - re-exported: callers import 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 hf_logging.disable_progress_bar()  # per-shard bars would flood the logs of every worker
+
+
+# transformers 5.20 renamed the KV cache argument and output field from `past_key_values` to `cache`; the
+# vLLM CPU environment (.venv-vllm) pins transformers<5.20, and the HF backend and the trainer run there too.
+CACHE_ARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def cache_dir() -> Path:

@@ -6,14 +6,9 @@ from itertools import groupby
 from pathlib import Path
 
 import torch
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from flexmarl.models.loading import check_tokenizer_matches, load_model, load_tokenizer
+from flexmarl.models.loading import CACHE_ARG, check_tokenizer_matches, load_model, load_tokenizer
 from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightUpdate, check_update
-
-# transformers 5.20 renamed the KV cache argument and output field from `past_key_values` to `cache`; the
-# vLLM CPU environment (.venv-vllm) pins transformers<5.20, and this backend runs there too.
-_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class HFBackend:
@@ -74,7 +69,7 @@ class HFBackend:
 
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                          logits_to_keep=1)
-        last, cache = out.logits[:, -1, :], getattr(out, _CACHE)
+        last, cache = out.logits[:, -1, :], getattr(out, CACHE_ARG)
         if len(unique) < B:  # one row per request from here on
             rows = row_of.to(self.device)
             cache.batch_select_indices(rows)
@@ -108,9 +103,9 @@ class HFBackend:
                 attention_mask=attention,
                 position_ids=next_pos.unsqueeze(-1),
                 use_cache=True,
-                **{_CACHE: cache},
+                **{CACHE_ARG: cache},
             )
-            last, cache = out.logits[:, -1, :], getattr(out, _CACHE)
+            last, cache = out.logits[:, -1, :], getattr(out, CACHE_ARG)
         return [
             GenerationResult(
                 r.request_id,

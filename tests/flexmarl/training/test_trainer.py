@@ -57,6 +57,46 @@ def test_older_transformers_one_index_for_all_rows_scores_the_same(tiny_dir, mon
     assert torch.equal(per_row[1], union[1]) and torch.allclose(per_row[0], union[0], atol=1e-6)
 
 
+def test_a_shared_prompt_runs_once_and_scores_and_backpropagates_as_one_sequence_per_sample(tiny_dir) -> None:
+    """Two GRPO groups (prompts of different lengths, answers of different lengths, one of a single token):
+    the shared-prompt path gives the rollout's log-probs, and the same scores and gradients as running each
+    sample's whole sequence."""
+    from flexmarl.training import trainer as trainer_module
+
+    backend = HFBackend(tiny_dir)
+    prompts = [[257, 11, 20, 30], [257, 12, 21, 31, 41, 51]]
+    reqs = [GenerationRequest(f"s{g}{i}", prompts[g], 6, 0.8, seed=10 * g + i) for g in range(2) for i in range(3)]
+    res = backend.generate(reqs)
+    responses = [r.response_ids for r in res]
+    responses[1] = responses[1][:1]  # a one-token answer
+    batch = TrainBatch([q.request_id for q in reqs], [q.prompt_ids for q in reqs], responses,
+                       [r.logprobs[: len(t)] for r, t in zip(res, responses, strict=True)],
+                       [1.0, -1.0, 0.5, -0.5, 2.0, -2.0], [0] * 6)
+    model = AgentTrainer("a", tiny_dir, TrainerConfig(), temperature=0.8).model
+    calls = []
+    hook = model.register_forward_hook(lambda m, args, kwargs, out: calls.append(kwargs["input_ids"].shape),
+                                       with_kwargs=True)
+
+    shared_logp, mask = trainer_module.response_logprobs(model, batch, 0.8, torch.device("cpu"))
+    hook.remove()
+    assert calls == [(2, 6), (6, 5)]  # the two prompts once, then every answer but its last token
+    (shared_logp * mask * torch.tensor(batch.advantages)[:, None]).sum().backward()
+    shared_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    full = trainer_module.full_sequence_logits(model, batch, torch.device("cpu"))
+    targets = torch.zeros_like(mask, dtype=torch.long)
+    for i, r in enumerate(batch.response_ids):
+        targets[i, : len(r)] = torch.tensor(r)
+    full_logp = torch.log_softmax(full.float() / 0.8, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    (full_logp * mask * torch.tensor(batch.advantages)[:, None]).sum().backward()
+    assert torch.allclose(shared_logp * mask, full_logp * mask, atol=1e-5)
+    for i, lp in enumerate(batch.logprobs):
+        assert shared_logp[i, : len(lp)].tolist() == pytest.approx(lp, abs=1e-4)
+    assert shared_grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    for name, grad in shared_grads.items():
+        assert torch.allclose(grad, model.get_parameter(name).grad, atol=1e-5), name
+
+
 def test_rollout_logprobs_equal_the_trainers_scores_at_temperature_0_7(tiny_dir) -> None:
     """At T != 1 a missing or doubled 1/T on either side shows (at T = 1 it cannot)."""
     from flexmarl.training.trainer import response_logprobs

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from flexmarl.models.loading import CACHE_ARG, check_tokenizer_matches, load_model, load_tokenizer
+from flexmarl.models.prefix import prefill
 from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightUpdate, check_update
 
 
@@ -49,36 +50,18 @@ class HFBackend:
         response depends only on (weights, prompt, seed), not on which other requests share its batch or
         which worker runs it. That is what lets the pipeline reproduce the synchronous schedule exactly.
 
-        Requests with the same prompt (a GRPO group's samples) share one prefill: the prompt runs through the
-        model once and its KV cache is copied to each of its rows. The prefill keeps the logits of the last
-        position only: a prompt-long (rows x positions x vocabulary) logits tensor is most of its cost.
+        The prompts run through ``prefix.prefill``: the head they all share once, each distinct prompt once (a
+        GRPO group's samples share theirs), keeping only the last position's logits.
         """
         B = len(requests)
-        prompts: dict[tuple[int, ...], int] = {}
-        row_of = torch.tensor([prompts.setdefault(tuple(r.prompt_ids), len(prompts)) for r in requests])
-        unique = list(prompts)
-        width = max(len(p) for p in unique)
-        input_ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(unique), width), dtype=torch.long)
-        for i, prompt in enumerate(unique):  # left padding: every prompt ends at column `width`
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            attention[i, width - len(prompt) :] = 1
         generators = [torch.Generator().manual_seed(r.seed) for r in requests]
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (U, width): padding does not shift positions
-        input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
-
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)
-        last, cache = out.logits[:, -1, :], getattr(out, CACHE_ARG)
-        if len(unique) < B:  # one row per request from here on
-            rows = row_of.to(self.device)
-            cache.batch_select_indices(rows)
-            last, attention, positions = last[rows], attention[rows], positions[rows]
+        pre = prefill(self.model, [r.prompt_ids for r in requests], self.pad_id, self.device)
+        last, cache, attention = pre.next_logits, pre.cache, pre.attention
         tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long)
         logprobs = torch.zeros((B, max_new_tokens))
         lengths = torch.full((B,), max_new_tokens, dtype=torch.long)
         finished = torch.zeros(B, dtype=torch.bool)
-        next_pos = positions[:, -1]
+        next_pos = pre.next_position - 1  # the last prompt token's
         for t in range(max_new_tokens):
             logits = last.float().cpu()  # (B, V)
             logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)

@@ -23,6 +23,7 @@ from transformers import get_scheduler, modeling_utils
 
 from flexmarl.models.adapters import AdapterHost
 from flexmarl.models.loading import CACHE_ARG, load_model
+from flexmarl.models.prefix import prefill, saves_work
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import batch_normaliser, policy_loss
 
@@ -114,15 +115,14 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each response token given its prompt, right-padded: ``(B, T)`` values and mask.
 
-    When samples share a prompt (a GRPO group's do), the prompt runs once and its KV cache is copied to each of
-    its samples, which then run only their response tokens: a group of 8 with a 60-token prompt and 12-token
-    answers computes 156 positions instead of 576. Gradients reach the shared prompt from every sample, as they
-    would through 8 copies; the result equals the one-sequence-per-sample path up to float rounding.
+    When prompts share tokens (a chat template's head; a GRPO group's whole prompt), the shared tokens run once
+    and their KV cache is copied to each sample, which then runs only its own tokens (``prefix.prefill``): a
+    group of 8 with a 60-token prompt and 12-token answers computes about 150 positions instead of 576.
+    Gradients reach the shared tokens from every sample, as they would through copies; the result equals the
+    one-sequence-per-sample path up to float rounding.
     """
-    prompts: dict[tuple[int, ...], int] = {}
-    row_of = [prompts.setdefault(tuple(p), len(prompts)) for p in batch.prompt_ids]
-    if len(prompts) < len(batch):
-        picked = shared_prompt_logits(model, list(prompts), row_of, batch.response_ids, device)
+    if saves_work(batch.prompt_ids):
+        picked = shared_prompt_logits(model, batch.prompt_ids, batch.response_ids, device)
     else:
         picked = full_sequence_logits(model, batch, device)
     resp_width = max(len(r) for r in batch.response_ids)
@@ -161,45 +161,31 @@ def full_sequence_logits(model: torch.nn.Module, batch: TrainBatch, device: torc
 
 
 def shared_prompt_logits(
-    model: torch.nn.Module, prompts: list[tuple[int, ...]], row_of: list[int], responses: list[list[int]],
-    device: torch.device,
+    model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]], device: torch.device
 ) -> torch.Tensor:
-    """``(B, T, V)``: the logits that predict each response token, each distinct prompt run once.
+    """``(B, T, V)``: the logits that predict each response token, shared prompt tokens computed once.
 
-    The prompts run left-padded (positions counted from each one's first token, as the rollout backend does),
-    keeping their last position's logits, which predict the first response token. Their KV cache is copied to
-    one row per sample (``row_of[i]``: sample i's prompt), and the responses run right-padded after it; a
-    response token's logits predict the next one.
+    The prompts run through ``prefix.prefill`` (their common head once, each distinct prompt once), whose last
+    logits predict each response's first token; the responses then run right-padded on the copied KV cache,
+    a response token's logits predicting the next one.
     """
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        ids[i, width - len(prompt) :] = torch.tensor(prompt)
-        attention[i, width - len(prompt) :] = 1
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids.to(device), attention_mask=attention.to(device), position_ids=positions.to(device),
-                use_cache=True, logits_to_keep=1)
-    rows = torch.tensor(row_of)
-    first = out.logits[rows.to(device)]  # (B, 1, V): predicts response token 0
+    pre = prefill(model, prompts, 0, device)
+    first = pre.next_logits[:, None, :]  # (B, 1, V)
     feed = max(len(r) for r in responses) - 1  # the last token of the longest response predicts nothing
     if feed <= 0:
         return first
-    cache = getattr(out, CACHE_ARG)
-    cache.batch_select_indices(rows.to(device))
     resp_ids = torch.zeros((len(responses), feed), dtype=torch.long)
     resp_attention = torch.zeros((len(responses), feed), dtype=torch.long)
     for i, r in enumerate(responses):
         n = max(len(r) - 1, 0)
         resp_ids[i, :n] = torch.tensor(r[:n], dtype=torch.long)
         resp_attention[i, :n] = 1
-    starts = torch.tensor([len(prompts[j]) for j in row_of]).unsqueeze(1)  # (B, 1)
     rest = model(
         input_ids=resp_ids.to(device),
-        attention_mask=torch.cat([attention[rows], resp_attention], dim=1).to(device),
-        position_ids=(starts + torch.arange(feed)).to(device),
+        attention_mask=torch.cat([pre.attention, resp_attention.to(device)], dim=1),
+        position_ids=pre.next_position[:, None] + torch.arange(feed, device=device),
         use_cache=True,
-        **{CACHE_ARG: cache},
+        **{CACHE_ARG: pre.cache},
     ).logits  # (B, feed, V)
     return torch.cat([first, rest], dim=1)
 

@@ -49,18 +49,19 @@ def test_a_response_depends_on_its_seed_not_on_its_batch(tiny_dir) -> None:
 
 
 def test_requests_with_one_prompt_share_its_prefill_and_answer_as_if_alone(tiny_dir) -> None:
-    """A GRPO group's samples (one prompt, several seeds) run the prompt once; each row still answers as it
-    would alone, beside a request with another prompt of another length."""
+    """A GRPO group's samples (one prompt, several seeds) run the prompt once, and the head all prompts share
+    runs once; each row still answers as it would alone, beside a request with another prompt of another
+    length."""
     backend = HFBackend(tiny_dir)
-    group = [GenerationRequest(f"g{i}", [257, 70, 71, 72], 10, 1.0, seed=i) for i in range(4)]
-    other = GenerationRequest("o", [257, 90, 91, 92, 93, 94, 95], 10, 1.0, seed=9)
+    group = [GenerationRequest(f"g{i}", [257, 60, 61, 62, 70, 71, 72], 10, 1.0, seed=i) for i in range(4)]
+    other = GenerationRequest("o", [257, 60, 61, 62, 90, 91, 92, 93, 94, 95], 10, 1.0, seed=9)
     calls = []
     hook = backend.model.register_forward_hook(lambda m, args, kwargs, out: calls.append(kwargs["input_ids"].shape),
                                                with_kwargs=True)
     together = {r.request_id: r for r in backend.generate([group[0], other, *group[1:]])}
     hook.remove()
-    assert calls[0] == (2, 7)  # the prefill: two distinct prompts, padded to the longer
-    assert all(shape[0] == 5 for shape in calls[1:])  # every decode step: one row per request
+    assert calls[:2] == [(1, 4), (2, 6)]  # the shared head, then each distinct prompt's rest, left-padded
+    assert all(shape == (5, 1) for shape in calls[2:])  # every decode step: one row per request
     for request in [*group, other]:
         alone = backend.generate([request])[0]
         assert together[request.request_id].response_ids == alone.response_ids

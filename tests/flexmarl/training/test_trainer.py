@@ -57,14 +57,14 @@ def test_older_transformers_one_index_for_all_rows_scores_the_same(tiny_dir, mon
     assert torch.equal(per_row[1], union[1]) and torch.allclose(per_row[0], union[0], atol=1e-6)
 
 
-def test_a_shared_prompt_runs_once_and_scores_and_backpropagates_as_one_sequence_per_sample(tiny_dir) -> None:
-    """Two GRPO groups (prompts of different lengths, answers of different lengths, one of a single token):
-    the shared-prompt path gives the rollout's log-probs, and the same scores and gradients as running each
-    sample's whole sequence."""
+def test_shared_prompt_tokens_run_once_and_score_and_backpropagate_as_one_sequence_per_sample(tiny_dir) -> None:
+    """Two GRPO groups (prompts of different lengths sharing a head, answers of different lengths, one of a
+    single token): the shared-prompt path gives the rollout's log-probs, and the same scores and gradients as
+    running each sample's whole sequence."""
     from flexmarl.training import trainer as trainer_module
 
     backend = HFBackend(tiny_dir)
-    prompts = [[257, 11, 20, 30], [257, 12, 21, 31, 41, 51]]
+    prompts = [[257, 5, 6, 7, 11, 20, 30], [257, 5, 6, 7, 12, 21, 31, 41, 51]]
     reqs = [GenerationRequest(f"s{g}{i}", prompts[g], 6, 0.8, seed=10 * g + i) for g in range(2) for i in range(3)]
     res = backend.generate(reqs)
     responses = [r.response_ids for r in res]
@@ -79,7 +79,7 @@ def test_a_shared_prompt_runs_once_and_scores_and_backpropagates_as_one_sequence
 
     shared_logp, mask = trainer_module.response_logprobs(model, batch, 0.8, torch.device("cpu"))
     hook.remove()
-    assert calls == [(2, 6), (6, 5)]  # the two prompts once, then every answer but its last token
+    assert calls == [(1, 4), (2, 5), (6, 5)]  # the shared head, each prompt's rest, every answer but its last token
     (shared_logp * mask * torch.tensor(batch.advantages)[:, None]).sum().backward()
     shared_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()

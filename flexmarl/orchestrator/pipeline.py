@@ -415,8 +415,10 @@ class PipelineRunner:
                                               prefetch_s))
             self._notify(self.state_moves[-1])
         if sched.done(task, value) and isinstance(task, Sync):
-            self._notify(WeightSynced(task.agent, task.version, task.worker, end - start,
-                                      sched.pending_syncs[task.agent] == 0))
+            last = sched.pending_syncs[task.agent] == 0
+            if last and self.weights.get(task.agent, (None,))[0] == task.version:
+                del self.weights[task.agent]  # lets Dask free the fetched copies: a 135M model's are 651 MB each
+            self._notify(WeightSynced(task.agent, task.version, task.worker, end - start, last))
         if task.kind in (TaskKind.RESTORE, TaskKind.START_REPLICA, TaskKind.CATCH_UP):
             sched.recovery.check_recovered(time.time())
 

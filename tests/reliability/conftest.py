@@ -39,6 +39,11 @@ def settings() -> list[str]:
     return list(SETTINGS)
 
 
+RESTART_WAIT_S = 180
+"""How long a test waits for the package's cluster to have both workers again: a nanny restarts a killed
+worker in seconds when alone, but in the full suite's order it has taken over 60 s."""
+
+
 @pytest.fixture(scope="package")
 def tiny_config():
     """``tiny(*overrides)``: the tiny preset with the reliability tests' settings (short fault detection)."""

@@ -97,9 +97,11 @@ def test_a_prefect_retry_of_the_flow_run_resumes_it(
     cfg = tiny_config()
     tries = attempts(run_dir)
     assert len(tries) == 2 and tries[0][1] == tries[1][1] is not None  # two attempts of one flow run
-    # the second attempt continued the first: it generated or replayed less than a whole run plans
+    # the second attempt continued the first: it reused the samples the first committed and generated fewer
+    # than a whole run plans. (How far the first got before the flow's stop reached its pipeline depends on
+    # the machine's speed: a sum of the two, as this test once asserted, is not a fixed figure.)
     planned = cfg.train.steps * cfg.train.queries_per_step * cfg.train.group_size * len(cfg.graph.expanded.nodes)
-    assert 0 < report["samples_generated"] + report["samples_reused"] < planned
+    assert report["samples_reused"] > 0 and report["samples_generated"] < planned
     assert all(a["policy_version"] == cfg.train.steps for a in report["agents"].values())
     assert_exact(run_dir, cfg, weights_of(run_dir, cfg))
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from flexmarl.bench.chaos_bench import WorkerFault, kill_driver, train
 from flexmarl.cluster.local import connect
+
+from .conftest import RESTART_WAIT_S
 from flexmarl.orchestrator.runtime import resume_config
 from flexmarl.training.snapshots import SNAPSHOTS, find_snapshot
 from storage.store import ExperienceStore
@@ -32,7 +34,7 @@ def test_a_worker_killed_between_snapshots_is_rebuilt_by_replay_and_the_run_is_e
         if fault.worker is not None and not struck:
             struck.append(agent)
 
-    with connect(address, timeout_s=60, n_workers=2) as client:  # the previous test's restarts are done
+    with connect(address, timeout_s=RESTART_WAIT_S, n_workers=2) as client:  # the previous test's restarts are done
         # 4 micro-batches a step (2 agents x 16 samples / 8): the 6th is in step 1, its agent at v1
         fault = WorkerFault(client, "train", nth=6)
         result, weights = train(cfg, tmp_path / "run", address, on_submit=on_submit)
@@ -47,7 +49,7 @@ def test_a_driver_killed_between_snapshots_resumes_by_replay_exactly(
 ) -> None:
     cfg = tiny_config(EVERY)
     run_dir = tmp_path / "run"
-    with connect(address, timeout_s=60, n_workers=2):
+    with connect(address, timeout_s=RESTART_WAIT_S, n_workers=2):
         pass
     # 8 sample commits make the run (2 agents x 2 steps x 2 micro-batches): the 5th is in step 1
     kill_driver(cfg, run_dir, address, 5)
@@ -55,7 +57,7 @@ def test_a_driver_killed_between_snapshots_resumes_by_replay_exactly(
     at = {a: store.policy_version(a) for a in cfg.agents}
     assert 1 in at.values() and max(at.values()) < cfg.train.steps, at  # died between snapshots
     assert all(written(run_dir, a, range(1, 3)) == [] for a in cfg.agents)  # nothing written before v2
-    with connect(address, timeout_s=60, n_workers=2):
+    with connect(address, timeout_s=RESTART_WAIT_S, n_workers=2):
         pass
     result, weights = train(resume_config(run_dir), run_dir, address, resume=True)
     assert result.samples_reused > 0

@@ -18,10 +18,12 @@ from flexmarl.bench.chaos_bench import WorkerFault
 from flexmarl.cluster.local import connect
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
 
+from .conftest import RESTART_WAIT_S
+
 
 def run_with_fault(cfg, run_dir: Path, address: str, fault: WorkerFault):
     """A tiny run with ``fault`` armed; returns the pipeline result, final weights and final trainer placement."""
-    with connect(address, timeout_s=60, n_workers=2) as client:  # the previous test's restarts are done
+    with connect(address, timeout_s=RESTART_WAIT_S, n_workers=2) as client:  # the previous test's restarts are done
         fault.client = client
         run_id, store_uri = prepare_run(cfg, run_dir)
         runtime = Runtime(RunContext(run_id, str(run_dir.resolve()), store_uri, address), cfg)

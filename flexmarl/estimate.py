@@ -4,7 +4,8 @@ The costs are seconds per sample-token on one worker of this project's 2-core ma
 worker), from measurements there: SmolLM2-135M generates 16 x 64 tokens in about 15 s and trains on 16 x 128
 tokens in about 40 s (27% less since only response positions reach the vocabulary projection), an update
 (optimizer step, weight sync) costs seconds and so does each state written (1.7 GB, about 7 s, every
-``train.snapshot_every`` updates); the tiny models cost little
+``train.snapshot_every`` updates). Prompt tokens count as the trainer runs them: a micro-batch's shared head
+and a group's repeated prompt once (``prompt_positions``, after ``models/prefix.py``). The tiny models cost little
 but the pipeline's per-step overhead. Other models have no price, and get no estimate. It is a rough guide
 for an idle machine (a loaded one is slower: the copy preset, estimated at 3 minutes, took 10 on a machine
 running two other trainings); the run's own progress lines give the measured pace once an update is done.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from flexmarl.config import RunConfig
 from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.models.prefix import MIN_HEAD, common_head
 from flexmarl.rollout.episodes import render_prompt
 from flexmarl.workloads.datasets import TaskItem, load_tasks
 
@@ -47,16 +49,38 @@ def prompt_tokens(cfg: RunConfig, agent: str, task: TaskItem) -> int:
     return len(render_prompt(tok, spec.prompt, spec.system, {**task.fields, **graph.render_fields(node, parents)}))
 
 
+def prompt_positions(cfg: RunConfig, agent: str, tasks: list[TaskItem]) -> float:
+    """Prompt positions one sample of ``agent`` costs when a micro-batch's prompts run through
+    ``prefix.prefill``: their common head once, each distinct prompt's rest once. A node without parents asks
+    one prompt per group; a node with parents quotes their answers, so its prompts differ (filler answers of
+    ``max_new_tokens`` stand in, a different one per sample)."""
+    spec = cfg.agents[agent]
+    graph = cfg.graph.expanded
+    node = next(n for n in cfg.nodes_of(agent))
+    tok = load_tokenizer(Path(resolve_model(spec.model, seed=cfg.train.seed)))
+    micro = cfg.trainer_config(agent).micro_batch_size
+    prompts = []
+    for i in range(micro):
+        task = tasks[(i // cfg.train.group_size) % len(tasks)]
+        filler = {p: f"{i} " * cfg.agents[graph.node(p).agent].sampling.max_new_tokens for p in graph.parents(node)}
+        prompts.append(tuple(render_prompt(tok, spec.prompt, spec.system,
+                                           {**task.fields, **graph.render_fields(node, filler)})))
+    distinct = set(prompts)
+    head = common_head(list(distinct)) if len(distinct) > 1 else 0
+    head = head if head >= MIN_HEAD else 0
+    return (head + sum(len(p) - head for p in distinct)) / len(prompts)
+
+
 def estimate_run_s(cfg: RunConfig) -> float | None:
     """Seconds the run's steps should take on an otherwise idle 2-core machine; None for an unpriced model."""
     total = 0.0
-    task = load_tasks(cfg.data)[0]  # generated once: a reasoning-gym dataset costs seconds
+    tasks = load_tasks(cfg.data)[:8]  # generated once: a reasoning-gym dataset costs seconds
     for agent, spec in cfg.agents.items():
         costs = COSTS.get(spec.model)
         if costs is None:
             return None
         new = spec.sampling.max_new_tokens
-        per_sample = new * costs.decode_s + (prompt_tokens(cfg, agent, task) + new) * costs.train_s
+        per_sample = new * costs.decode_s + (prompt_positions(cfg, agent, tasks) + new) * costs.train_s
         snapshots = costs.snapshot_s / cfg.train.snapshot_every if cfg.train.save_state else 0.0
         total += cfg.samples_per_step(agent) * per_sample + costs.update_s + snapshots
     return cfg.train.steps * total / max(cfg.cluster.n_workers, 1)

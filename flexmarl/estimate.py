@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import PreTrainedTokenizerBase
+
 from flexmarl.config import RunConfig
 from flexmarl.models.loading import load_tokenizer, resolve_model
-from flexmarl.models.prefix import MIN_HEAD, common_head
+from flexmarl.models.prefix import prefill_positions
 from flexmarl.rollout.episodes import render_prompt
 from flexmarl.workloads.datasets import TaskItem, load_tasks
 
@@ -38,37 +40,36 @@ COSTS = {
 }
 
 
-def prompt_tokens(cfg: RunConfig, agent: str, task: TaskItem) -> int:
-    """Tokens of a typical prompt of ``agent``: its template on ``task``, each parent's output a full
-    ``max_new_tokens`` of filler."""
+def agent_tokenizer(cfg: RunConfig, agent: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``agent``'s model (loaded once per estimate: it takes a fraction of a second)."""
+    return load_tokenizer(Path(resolve_model(cfg.agents[agent].model, seed=cfg.train.seed)))
+
+
+def typical_prompt(cfg: RunConfig, agent: str, task: TaskItem, tok: PreTrainedTokenizerBase, filler: str = "x"
+                   ) -> list[int]:
+    """The token ids of a prompt of ``agent``: its template on ``task``, each parent's output a full
+    ``max_new_tokens`` of ``filler`` words."""
     spec = cfg.agents[agent]
     graph = cfg.graph.expanded
     node = next(n for n in cfg.nodes_of(agent))
-    parents = {p: "x " * cfg.agents[graph.node(p).agent].sampling.max_new_tokens for p in graph.parents(node)}
-    tok = load_tokenizer(Path(resolve_model(spec.model, seed=cfg.train.seed)))
-    return len(render_prompt(tok, spec.prompt, spec.system, {**task.fields, **graph.render_fields(node, parents)}))
+    parents = {p: f"{filler} " * cfg.agents[graph.node(p).agent].sampling.max_new_tokens for p in graph.parents(node)}
+    return render_prompt(tok, spec.prompt, spec.system, {**task.fields, **graph.render_fields(node, parents)})
+
+
+def prompt_tokens(cfg: RunConfig, agent: str, task: TaskItem) -> int:
+    """Tokens of a typical prompt of ``agent`` (``typical_prompt``)."""
+    return len(typical_prompt(cfg, agent, task, agent_tokenizer(cfg, agent)))
 
 
 def prompt_positions(cfg: RunConfig, agent: str, tasks: list[TaskItem]) -> float:
     """Prompt positions one sample of ``agent`` costs when a micro-batch's prompts run through
-    ``prefix.prefill``: their common head once, each distinct prompt's rest once. A node without parents asks
-    one prompt per group; a node with parents quotes their answers, so its prompts differ (filler answers of
-    ``max_new_tokens`` stand in, a different one per sample)."""
-    spec = cfg.agents[agent]
-    graph = cfg.graph.expanded
-    node = next(n for n in cfg.nodes_of(agent))
-    tok = load_tokenizer(Path(resolve_model(spec.model, seed=cfg.train.seed)))
-    micro = cfg.trainer_config(agent).micro_batch_size
-    prompts = []
-    for i in range(micro):
-        task = tasks[(i // cfg.train.group_size) % len(tasks)]
-        filler = {p: f"{i} " * cfg.agents[graph.node(p).agent].sampling.max_new_tokens for p in graph.parents(node)}
-        prompts.append(tuple(render_prompt(tok, spec.prompt, spec.system,
-                                           {**task.fields, **graph.render_fields(node, filler)})))
-    distinct = set(prompts)
-    head = common_head(list(distinct)) if len(distinct) > 1 else 0
-    head = head if head >= MIN_HEAD else 0
-    return (head + sum(len(p) - head for p in distinct)) / len(prompts)
+    ``prefix.prefill``: their common head once, each distinct prompt's rest once. A group shares its task;
+    a node with parents quotes their answers, so its prompts differ (filler answers of ``max_new_tokens``
+    stand in, a different filler per sample)."""
+    tok, micro = agent_tokenizer(cfg, agent), cfg.trainer_config(agent).micro_batch_size
+    prompts = [typical_prompt(cfg, agent, tasks[(i // cfg.train.group_size) % len(tasks)], tok, filler=str(i))
+               for i in range(micro)]
+    return prefill_positions(prompts) / len(prompts)
 
 
 def estimate_run_s(cfg: RunConfig) -> float | None:

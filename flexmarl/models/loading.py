@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import logging as hf_logging
 
 from flexmarl.models import tiny
 from flexmarl.models.names import (  # noqa: F401 - re-exported: callers import them from here

@@ -42,10 +42,24 @@ def common_head(prompts: Sequence[Sequence[int]]) -> int:
     return head
 
 
+def shared_head(distinct: Sequence[Sequence[int]]) -> int:
+    """The head ``prefill`` runs apart for these distinct prompts: their common head, or 0 when there is one
+    prompt or the head is shorter than ``MIN_HEAD``."""
+    head = common_head(distinct) if len(distinct) > 1 else 0
+    return head if head >= MIN_HEAD else 0
+
+
+def prefill_positions(prompts: Sequence[Sequence[int]]) -> int:
+    """Positions ``prefill`` computes for ``prompts``: the shared head once, each distinct prompt's rest once."""
+    distinct = list(dict.fromkeys(tuple(p) for p in prompts))
+    head = shared_head(distinct)
+    return head + sum(len(p) - head for p in distinct)
+
+
 def saves_work(prompts: Sequence[Sequence[int]]) -> bool:
     """Whether ``prefill`` computes fewer positions than running each prompt whole: a prompt repeats, or all
     share a head of at least ``MIN_HEAD`` tokens."""
-    return len({tuple(p) for p in prompts}) < len(prompts) or common_head(prompts) >= MIN_HEAD
+    return prefill_positions(prompts) < sum(len(p) for p in prompts)
 
 
 def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> Prefilled:
@@ -57,9 +71,7 @@ def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: in
     distinct: dict[tuple[int, ...], int] = {}
     row_of = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], device=device)
     unique = list(distinct)
-    head = common_head(unique) if len(unique) > 1 else 0
-    if head < MIN_HEAD:
-        head = 0
+    head = shared_head(unique)
     cache = None
     if head:
         out = model(input_ids=torch.tensor([unique[0][:head]], device=device), use_cache=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flexmarl.cluster.local import connect, open_cluster
+from flexmarl.cluster.local import connect, open_cluster, scheduler_workers
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.evaluate import Answer, answer_node, held_out_tasks, latest_checkpoint
 from flexmarl.models.loading import resolve_model
@@ -262,7 +262,7 @@ def score_team(
     solver, verifier = nodes
     if not tasks:
         return TeamScore([], [])
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(scheduler_workers(client))
     n_batches = math.ceil(len(tasks) / batch_size)
     per_worker = math.ceil(n_batches / len(workers)) * batch_size
     shares = [(w, slice(i * per_worker, (i + 1) * per_worker)) for i, w in enumerate(workers)]

@@ -208,9 +208,19 @@ def _handshake(address: str, timeout_s: float, fix: str) -> None:
         raise ClusterError(f"the service at {address} is not a Dask scheduler (it answers as {what!r}); {fix}")
 
 
+def scheduler_workers(client: Client) -> dict[str, dict]:
+    """The workers the scheduler knows now (address -> its info), asked of the scheduler itself.
+
+    Not ``client.scheduler_info()``: that returns the client's cached identity, which Dask's periodic refresh
+    (every 2 s) overwrites with one that lists no workers; a refresh landing between the fetch and the read
+    made every worker look lost (a false recovery that rebuilt both live trainers, 4 minutes of a run).
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def workers_offering(client: Client, resource: str | None, role: str) -> list[str]:
     """Workers that offer ``resource`` (all when None), sorted; a resource nobody offers is an error, not a hang."""
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = scheduler_workers(client)
     if resource is None:
         return sorted(info)
     offering = sorted(w for w, i in info.items() if i.get("resources", {}).get(resource, 0) > 0)

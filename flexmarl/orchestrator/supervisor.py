@@ -24,7 +24,7 @@ import time
 
 from distributed import Client
 
-from flexmarl.cluster.local import ClusterError
+from flexmarl.cluster.local import ClusterError, scheduler_workers
 from flexmarl.config import RunConfig
 from flexmarl.orchestrator.recovery import RecoveryPlanner
 from flexmarl.orchestrator.records import Recovery
@@ -139,7 +139,7 @@ class Supervisor:
         return silent
 
     def _scheduler_workers(self) -> dict[str, dict]:
-        return self.client.scheduler_info(n_workers=-1)["workers"]
+        return scheduler_workers(self.client)
 
     @staticmethod
     def _offering(info: dict, resource: str | None) -> list[str]:

@@ -42,6 +42,7 @@ class TrainLoopConfig(Strict):
     """Write an agent's training state after every k-th update only (versions k, 2k, ... and the last). A
     state needed at another version (a lost trainer or replica, a resume) is rebuilt exactly on a worker by
     replaying the updates the store recorded since the snapshot before it (training/replay.py). A state
-    costs 16 bytes per parameter (1.7 GB, 7-13 s here, for SmolLM2-135M): size k so that writing it is a few
-    percent of an update (the default preset: 4); a small model's state costs next to nothing, so 1 keeps
-    recovery instant."""
+    costs 16 bytes per parameter (1.7 GB for SmolLM2-135M). It is copied to host memory before its update is
+    recorded and written in the background (the last one before the run ends), but the write still takes the
+    trainer worker's disk and a core: size k so that writing is a few percent of an update (the default
+    preset: 4); a small model's state costs next to nothing, so 1 keeps recovery instant."""

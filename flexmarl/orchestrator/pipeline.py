@@ -5,8 +5,8 @@ this module only submits its tasks to the workers they are pinned to, turns fini
 scheduler's events, keeps deadlines, and leaves episodes and store commits to the collector
 (``collector.py``). It records a timeline of every worker's busy time.
 
-Faults: every ``train.snapshot_every`` updates the agent's training state is written as a snapshot
-(``training/snapshots.py``) before the update is recorded; a recovery task that needs a version without one
+Faults: every ``train.snapshot_every`` updates the agent's training state is copied before the update is
+recorded and written as a snapshot in the background (``training/snapshots.py``); a recovery task that needs a version without one
 rebuilds it on its worker by replaying the store's updates since the last (``training/replay.py``). A run that
 continues a crashed one replays the samples its store already holds (``resume.py``). Lost and hung workers
 are detected by the supervisor (``supervisor.py``); what their work becomes is decided by ``recovery.py``.
@@ -26,7 +26,7 @@ from typing import Protocol
 from distributed import Client, Future, fire_and_forget
 from distributed import TimeoutError as DaskTimeoutError
 
-from flexmarl.cluster.local import submit_on
+from flexmarl.cluster.local import scheduler_workers, submit_on
 from flexmarl.cluster.worker_state import timed_call
 from flexmarl.config import RunConfig
 from flexmarl.orchestrator.collector import Collector
@@ -202,7 +202,7 @@ class PipelineRunner:
             self._forget(task)
             with self._blame(task):
                 self._handle(task, value)
-        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(scheduler_workers(self.client))
         c = self.collector
         return PipelineResult(self.t0, time.time() - self.t0, self.spans, self.updates, workers, c.tokens,
                               c.store_write_s, self.store_read_s,
@@ -341,7 +341,7 @@ class PipelineRunner:
             return slot.finish_step, (key,)
         if isinstance(task, Snapshot):
             version = self.finished_steps[agent].policy_version
-            return snapshots.save_snapshot, (key, self.snapshot_root, version, options)
+            return snapshots.save_snapshot, (key, self.snapshot_root, version, options, task.background)
         if isinstance(task, Sync) and task.source is not None:
             if self.weights.get(agent, (None,))[0] != task.version:  # one fetch for all the agent's engines
                 self.weights[agent] = (task.version, submit_on(self.client, task.source, slot.weights, key))

@@ -392,8 +392,10 @@ class Scheduler(TrainingDispatch):
         self._work_stale.add(task.agent)
         version = task.step + 1
         if self.snapshot_every and (version % self.snapshot_every == 0 or version == self.policy.steps):
-            # written before the update is recorded; other versions are rebuilt from it by replay when needed
-            self._emit(Snapshot(task.agent, self.location[task.agent], task.step))
+            # copied before the update is recorded; other versions are rebuilt from it by replay when needed. The
+            # last is written before the run may end; the others are written while the worker works on
+            self._emit(Snapshot(task.agent, self.location[task.agent], task.step,
+                                background=version != self.policy.steps))
         else:
             self.outbox.append(RecordUpdate(task.agent, task.step))
 

@@ -104,10 +104,12 @@ class Finish(Task):
 
 @dataclass(frozen=True, eq=False)
 class Snapshot(Task):
-    """Write the agent's training state after ``step``'s update, before the update is recorded."""
+    """Write the agent's training state after ``step``'s update, before the update is recorded; in the
+    background (the task returns once the state is copied to host memory) unless it is the run's last."""
 
     kind: ClassVar[TaskKind] = TaskKind.SNAPSHOT
     step: int
+    background: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -22,26 +22,23 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
-import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
-from filelock import FileLock
-from fsspec.implementations.local import LocalFileSystem
 
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.snapshots import (
     SnapshotError,
     newest_whole_snapshot,
-    rebuild_lock,
     require_snapshot,
     restore_trainer,
     save_snapshot,
     snapshot_problem,
     snapshot_uri,
+    version_lock,
 )
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
 from storage.store import UPDATES, ExperienceStore, StoreSpec
@@ -158,9 +155,10 @@ def ensure_snapshot(source: StateSource) -> str:
     and replayed through the updates the store recorded since. Returns its URI.
 
     Workers that need the same version at once (a lost worker's trainer and replica) take turns on a file
-    lock where the snapshots are on a local file system, so one rebuilds it and the others read it.
+    lock where the snapshots are on a local file system, so one rebuilds it and the others read it; a background
+    write of that version (``save_snapshot``) holds the same lock, so they wait for it rather than rebuild.
     """
-    with _rebuild_lock(source):
+    with version_lock(source.root, source.agent, source.version, source.storage_options) or nullcontext():
         if snapshot_problem(source.root, source.agent, source.version, source.storage_options) is None:
             return source.uri
         base = newest_whole_snapshot(source.root, source.agent, source.version, source.storage_options)
@@ -174,14 +172,6 @@ def ensure_snapshot(source: StateSource) -> str:
         finally:
             slot.drop_trainer(scratch)
     return source.uri
-
-
-def _rebuild_lock(source: StateSource) -> AbstractContextManager:
-    fs, path = fsspec.core.url_to_fs(source.root, **source.storage_options)
-    if not isinstance(fs, LocalFileSystem):  # object stores: rebuilds of one version may overlap (same bytes)
-        return nullcontext()
-    fs.makedirs(f"{path}/{source.agent}", exist_ok=True)
-    return FileLock(f"{path}/{source.agent}/{rebuild_lock(source.version)}")
 
 
 def restore_at(source: StateSource) -> str:

@@ -1,8 +1,8 @@
 """Each agent's training state at its version boundaries: the cut a lost trainer or a resumed run restarts from.
 
 Every ``train.snapshot_every`` updates the pipeline writes the agent's whole training state
-(``TrainingState.to(uri)``: weights, Adam moments, scheduler, version, RNG) to ``<root>/<agent>/v<N>``, before
-the update is recorded in the store. Whatever version the store says an agent is at, its state of that
+(``TrainingState.to(uri)``: weights, Adam moments, scheduler, version, RNG) to ``<root>/<agent>/v<N>``, as it
+was before the update is recorded in the store. Whatever version the store says an agent is at, its state of that
 version is here or is rebuilt from the one before it by replaying the store's updates (``replay.py``), and a
 trainer built from it on any worker continues exactly where the lost one was at the start of the step. ``root`` is a
 directory or fsspec URI every worker reaches: ``<training.state_uri>/by-version`` (by default under the run
@@ -12,6 +12,11 @@ never clashes with an agent's parked state).
 A state's JSON file is written last, so a snapshot whose write was cut short is never taken for a complete
 one. Version 0 needs no snapshot: it is the agent's model directory.
 
+The pipeline's snapshots are written in the background (``save_snapshot(..., background=True)``): the task copies
+the state to host memory and returns, and the worker's writer thread writes the copy while the worker trains
+and samples on. Until the write ends the snapshot is not whole, which every reader already handles: a rebuild
+of its version waits on the version's lock, which the write holds, and a lost write is rebuilt by replay.
+
 Example:
     >>> save_snapshot("run-1/solver", "runs/x/state/by-version", 3, {})          # on the trainer's worker
     >>> restore_trainer("run-2/solver", model_dir, cfg, 1.0, 24, "runs/x/state/by-version/solver/v3", 3, {})
@@ -19,18 +24,24 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import fsspec
 import torch
+from filelock import FileLock
+from fsspec.implementations.local import LocalFileSystem
 from safetensors.torch import load as load_tensors
 
-from flexmarl.cluster.worker_state import worker_address
+from flexmarl.cluster.worker_state import engines, worker_address
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.state import DEVICE, META, WEIGHTS, TrainingState, state_problem
+from flexmarl.training.state import DEVICE, META, WEIGHTS, HostCopy, TrainingState, state_problem
 
 SNAPSHOTS = "by-version"  # under the run's state location
+WRITES = "write"  # the registry's kind for a trainer's background write in flight: "write:<run id>/<agent>"
+log = logging.getLogger(__name__)
 
 
 class SnapshotError(RuntimeError):
@@ -68,6 +79,19 @@ def rebuild_lock(version: int) -> str:
 
 
 _LOCK = re.compile(r"rebuild-v(\d+)\.lock")
+
+
+def version_lock(root: str, agent: str, version: int, storage_options: dict | None = None) -> FileLock | None:
+    """The lock that the write or rebuild of ``agent``'s snapshot of ``version`` holds; None on an object store
+    (rebuilds of one version may overlap there: they write the same bytes).
+
+    Any thread may release it (a background write takes it in its task and lets go in the writer thread).
+    """
+    fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
+    if not isinstance(fs, LocalFileSystem):
+        return None
+    fs.makedirs(f"{path}/{agent}", exist_ok=True)
+    return FileLock(f"{path}/{agent}/{rebuild_lock(version)}", thread_local=False)
 
 
 def _entries(root: str, agent: str, storage_options: dict | None) -> dict[str, str]:
@@ -109,16 +133,51 @@ def require_snapshot(root: str | None, agent: str, version: int, storage_options
     return uri
 
 
-def save_snapshot(key: str, root: str, version: int, storage_options: dict) -> int:
-    """Write the trainer ``key``'s whole state as its snapshot of ``version`` (runs on its worker); returns bytes.
+def save_snapshot(key: str, root: str, version: int, storage_options: dict, background: bool = False) -> int:
+    """Write the trainer ``key``'s whole state as its snapshot of ``version`` (runs on its worker); returns the
+    bytes of its tensors.
+
+    ``background``: copy the state to host memory, then return while this worker's writer thread writes the
+    copy, holding the version's lock. Either way a write of ``key`` still in flight is waited for first, and
+    its error, if any, is raised here: one write per trainer at a time, and none fails unseen.
 
     The trainer keeps its state. Raises ``RuntimeError`` when it is not at ``version``.
     """
+    wait_for_write(key)
     trainer = slot.trainer(key)
     if trainer.version != version:
         raise RuntimeError(f"trainer {key!r} is at v{trainer.version}, not v{version}: refusing to snapshot it")
     uri = snapshot_uri(root, trainer.agent, version)
-    return TrainingState.of(trainer).to(uri, storage_options=storage_options).stored_bytes
+    if not background:
+        return TrainingState.of(trainer).to(uri, storage_options=storage_options).stored_bytes
+    copy = HostCopy.capture(trainer)
+    lock = version_lock(root, trainer.agent, version, storage_options)
+    if lock is not None:
+        lock.acquire()  # before returning: a rebuild of this version asked from now on waits for the write
+    registry = engines()
+    pool = registry.get("snapshots:writer")
+    if pool is None:
+        pool = registry["snapshots:writer"] = ThreadPoolExecutor(1, thread_name_prefix="flexmarl-state-writer")
+    registry[f"{WRITES}:{key}"] = pool.submit(_write, copy, uri, storage_options, lock)
+    return copy.nbytes
+
+
+def _write(copy: HostCopy, uri: str, storage_options: dict, lock: FileLock | None) -> int:
+    try:
+        return copy.write(uri, storage_options)
+    except Exception:
+        log.exception("the background write of %s failed; the agent's next snapshot raises it", uri)
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def wait_for_write(key: str) -> None:
+    """Wait for the background write of trainer ``key``'s snapshot, if one is in flight here; raise its error."""
+    pending: Future | None = engines().pop(f"{WRITES}:{key}", None)
+    if pending is not None:
+        pending.result()
 
 
 def restore_trainer(
@@ -153,7 +212,11 @@ def load_weights(snapshot: str, storage_options: dict | None = None) -> dict[str
 
 
 def prune_snapshots(root: str, agent: str, keep_from: int, storage_options: dict | None = None) -> None:
-    """Delete ``agent``'s snapshots of versions below ``keep_from``, and the locks of their rebuilds."""
+    """Delete ``agent``'s snapshots of versions below ``keep_from``, and the locks of their rebuilds, once the
+    snapshot of ``keep_from`` is whole (a background write may still be under way: until it ends, the older one
+    is what a rebuild starts from)."""
+    if keep_from > 0 and snapshot_problem(root, agent, keep_from, storage_options) is not None:
+        return
     fs, _ = fsspec.core.url_to_fs(root, **(storage_options or {}))
     for name, path in _entries(root, agent, storage_options).items():
         version = int(name[1:]) if name.startswith("v") and name[1:].isdigit() else None

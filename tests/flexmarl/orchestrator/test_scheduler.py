@@ -158,6 +158,7 @@ def test_states_are_written_every_k_versions_and_each_before_its_update_is_recor
         for i, cmd in enumerate(recorded):  # a snapshot comes right before the record of its version
             if isinstance(cmd, Snapshot):
                 assert isinstance(recorded[i + 1], RecordUpdate) and recorded[i + 1].step == cmd.step
+                assert cmd.background == (cmd.step + 1 < 5)  # the run's last state is whole when the run ends
 
 
 @pytest.mark.parametrize("mode,pipeline,cut,largest", [("flexmarl", True, True, 4), ("flexmarl", True, False, 16),

@@ -1,6 +1,9 @@
-"""Training-state snapshots at version boundaries: written, restored exactly, pruned, required."""
+"""Training-state snapshots at version boundaries: written (in the foreground or the background), restored
+exactly, pruned, required."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -9,6 +12,7 @@ from flexmarl.cluster.worker_state import engines, release
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
+from flexmarl.training.replay import StateSource, ensure_snapshot
 from flexmarl.training.snapshots import (
     SnapshotError,
     find_snapshot,
@@ -20,8 +24,9 @@ from flexmarl.training.snapshots import (
     save_snapshot,
     snapshot_problem,
     snapshot_uri,
+    wait_for_write,
 )
-from flexmarl.training.state import META, OPTIMIZER, WEIGHTS
+from flexmarl.training.state import META, OPTIMIZER, WEIGHTS, HostCopy
 
 from .test_trainer import make_batch
 
@@ -55,7 +60,7 @@ def test_a_trainer_restored_from_its_snapshot_continues_identically(tiny_dir, tm
         release(f"trainer:{run}/")  # the trainers, and an adapter agent's shared base
 
 
-def test_snapshots_are_required_past_version_zero_and_pruned(tmp_path) -> None:
+def test_snapshots_are_required_past_version_zero_and_pruned(tiny_dir, tmp_path) -> None:
     root = str(tmp_path)
     assert require_snapshot(root, "solver", 0) is None  # version 0 is the model directory
     assert require_snapshot(None, "solver", 0) is None
@@ -63,12 +68,75 @@ def test_snapshots_are_required_past_version_zero_and_pruned(tmp_path) -> None:
         require_snapshot(root, "solver", 3)
     with pytest.raises(SnapshotError, match="train.save_state=false.*set train.save_state=true"):
         require_snapshot(None, "solver", 3)
-    for name in ("v1", "v2", "v3", "v10"):
+    for name in ("v1", "v2", "v10"):
         (tmp_path / "solver" / name).mkdir(parents=True)
     for lock in ("rebuild-v2.lock", "rebuild-v3.lock"):  # left by replay.ensure_snapshot
         (tmp_path / "solver" / lock).touch()
+    everything = sorted(p.name for p in (tmp_path / "solver").iterdir())
+    prune_snapshots(root, "solver", keep_from=3)  # v3 is not whole yet (its write may be under way): keep v2
+    assert sorted(p.name for p in (tmp_path / "solver").iterdir()) == everything
+    slot.start_trainer("run-p/solver", str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
+    for _ in range(3):
+        slot.trainer("run-p/solver").train_step(make_batch(tiny_dir, [1.0, -1.0]))
+    save_snapshot("run-p/solver", root, 3, {})
     prune_snapshots(root, "solver", keep_from=3)
     assert sorted(p.name for p in (tmp_path / "solver").iterdir()) == ["rebuild-v3.lock", "v10", "v3"]
+    release("trainer:run-p/")
+
+
+def test_a_background_write_holds_the_state_of_its_version_and_rebuilds_wait_for_it(tiny_dir, tmp_path,
+                                                                                     monkeypatch) -> None:
+    root, go = str(tmp_path / "by-version"), threading.Event()
+    write = HostCopy.write
+
+    def held_write(self, uri, storage_options=None):  # noqa: ANN001, ANN202 - the write starts when the test says
+        assert go.wait(30)
+        return write(self, uri, storage_options)
+
+    monkeypatch.setattr(HostCopy, "write", held_write)
+    cfg = TrainerConfig(lr=1e-3)
+    slot.start_trainer("run-w/solver", str(tiny_dir), cfg, 1.0, 8, 0)
+    trainer = slot.trainer("run-w/solver")
+    trainer.train_step(make_batch(tiny_dir, [1.0, -1.0, 0.5]))
+    at_v1 = {k: v.clone() for k, v in trainer.weights().items()}
+    assert save_snapshot("run-w/solver", root, 1, {}, background=True) > 0  # returns with the write held back
+    assert find_snapshot(root, "solver", 1) is None  # not whole while it is written
+    trainer.train_step(make_batch(tiny_dir, [0.5, -0.5]))  # the trainer goes on to v2 meanwhile
+
+    # a worker that needs v1 now (a lost replica's restart) waits for the write instead of replaying the store
+    source = StateSource("run-w/solver", str(tiny_dir), cfg, 1.0, 8, root, 1, None, {})
+    found: list[str] = []
+    waiter = threading.Thread(target=lambda: found.append(ensure_snapshot(source)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and not found
+    go.set()
+    waiter.join(30)
+    assert found == [snapshot_uri(root, "solver", 1)]
+    written = load_weights(found[0])  # v1's weights, not the v2 the trainer holds now
+    assert all(torch.equal(written[k], v) for k, v in at_v1.items())
+    assert not all(torch.equal(written[k], v) for k, v in trainer.weights().items())
+    release("trainer:run-w/")
+
+
+def test_a_failed_background_write_is_raised_by_the_next_snapshot(tiny_dir, tmp_path, monkeypatch) -> None:
+    root = str(tmp_path / "by-version")
+
+    def full_disk(self, uri, storage_options=None):  # noqa: ANN001, ANN202
+        raise OSError(28, "No space left on device")
+
+    slot.start_trainer("run-f/solver", str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
+    slot.trainer("run-f/solver").train_step(make_batch(tiny_dir, [1.0, -1.0]))
+    with monkeypatch.context() as patch:
+        patch.setattr(HostCopy, "write", full_disk)
+        save_snapshot("run-f/solver", root, 1, {}, background=True)
+        with pytest.raises(OSError, match="No space left"):
+            save_snapshot("run-f/solver", root, 1, {})
+    assert find_snapshot(root, "solver", 1) is None
+    save_snapshot("run-f/solver", root, 1, {}, background=True)  # the lock of v1 was let go: a new write goes
+    wait_for_write("run-f/solver")
+    assert find_snapshot(root, "solver", 1) is not None
+    release("trainer:run-f/")
 
 
 def test_a_damaged_snapshot_is_told_from_a_whole_one(tiny_dir, tmp_path) -> None:

@@ -74,7 +74,7 @@ def train_run(
     describes each.
 
     Args:
-        preset: a shipped config (flexmarl/presets/): 'default' (SmolLM2-135M solver -> verifier on chain sums),
+        preset: a shipped config (flexmarl/presets/): 'default' (SmolLM2-135M solver -> verifier on two-number sums),
             'tiny' (a tiny model, for tests), 'fan_out' or 'copy'; used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
         steps: optimizer steps per agent (train.steps).

@@ -227,8 +227,9 @@ def train_with_flow(config_file: Path, run_dir: Path, address: str) -> dict:
 @bench_app.command("learning")
 def learning(
     out: Annotated[Path, typer.Option(help="Output directory for learning.json, learning.png, the answers and the run.")],
-    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per agent (default 40: with scoring, "
-                                                 "about an hour on 2 free CPU cores).")] = None,
+    steps: Annotated[Optional[int], typer.Option(
+        min=1, help="Optimizer steps per agent (default 40: with scoring, under an hour on 2 free CPU cores)."
+    )] = None,
     n_eval: Annotated[Optional[int], typer.Option(min=1, help="Held-out problems scored, base and trained "
                                                   "(default 500).")] = None,
     gsm8k_n: Annotated[Optional[int], typer.Option(min=0, help="GSM8K test problems scored beside them "

@@ -32,7 +32,8 @@ from flexmarl.workloads.datasets import DataConfig, TaskItem, load_tasks, task_s
 GSM8K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
 
 # What the bench changes in the preset: more steps than `make run` (which aims at ~30 minutes), sized so that
-# the whole bench, scoring included, takes under an hour on 2 CPU cores (about 45 minutes) (docs/performance.md, "Learning").
+# the whole bench, scoring included, takes under an hour on 2 CPU cores (54 minutes measured; docs/performance.md,
+# "Learning").
 BUDGET: dict[str, str] = {
     "train.steps": "40",
 }

@@ -6,10 +6,11 @@ scheduler's events, keeps deadlines, and leaves episodes and store commits to th
 (``collector.py``). It records a timeline of every worker's busy time.
 
 Faults: every ``train.snapshot_every`` updates the agent's training state is copied before the update is
-recorded and written as a snapshot in the background (``training/snapshots.py``); a recovery task that needs a version without one
-rebuilds it on its worker by replaying the store's updates since the last (``training/replay.py``). A run that
-continues a crashed one replays the samples its store already holds (``resume.py``). Lost and hung workers
-are detected by the supervisor (``supervisor.py``); what their work becomes is decided by ``recovery.py``.
+recorded and written as a snapshot in the background (``training/snapshots.py``); a recovery task that needs a
+version without one rebuilds it on its worker by replaying the store's updates since the last
+(``training/replay.py``). A run that continues a crashed one replays the samples its store already holds
+(``resume.py``). Lost and hung workers are detected by the supervisor (``supervisor.py``); what their work
+becomes is decided by ``recovery.py``.
 """
 
 from __future__ import annotations

@@ -112,9 +112,8 @@ def prefetch(key: str, location: str, storage_options: dict, _after: object = No
     thread, and return at once: the slot keeps training its current agent meanwhile, and a later
     ``resume`` of ``key`` here finds the state in memory (``_after``: the park's result)."""
     registry = engines()
-    pool = registry.get("slot:prefetcher")
-    if pool is None:
-        pool = registry["slot:prefetcher"] = ThreadPoolExecutor(1, thread_name_prefix="flexmarl-prefetch")
+    pool = registry.get_or_start("slot:prefetcher",
+                                 lambda: ThreadPoolExecutor(1, thread_name_prefix="flexmarl-prefetch"))
     registry[_prefetch_key(key)] = (location, pool.submit(_read_ahead, location, storage_options))
 
 

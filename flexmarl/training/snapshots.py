@@ -155,9 +155,8 @@ def save_snapshot(key: str, root: str, version: int, storage_options: dict, back
     if lock is not None:
         lock.acquire()  # before returning: a rebuild of this version asked from now on waits for the write
     registry = engines()
-    pool = registry.get("snapshots:writer")
-    if pool is None:
-        pool = registry["snapshots:writer"] = ThreadPoolExecutor(1, thread_name_prefix="flexmarl-state-writer")
+    pool = registry.get_or_start("snapshots:writer",
+                                 lambda: ThreadPoolExecutor(1, thread_name_prefix="flexmarl-state-writer"))
     registry[f"{WRITES}:{key}"] = pool.submit(_write, copy, uri, storage_options, lock)
     return copy.nbytes
 

@@ -1,7 +1,10 @@
 """The interface every generation backend implements, and the typed messages it exchanges.
 
 Prompts arrive as token ids and responses leave as token ids with the log-prob of each sampled token, so
-backends never see templates or text and the trainer can score exactly what was sampled.
+backends never see templates or text and the trainer can score exactly what was sampled. A response stays
+columnar from here to the trainer: numpy arrays in the result, Arrow list columns in the store
+(``scoring.sample_rows``), torch views in the trainer (``TrainBatch.from_arrow``); no token becomes a
+Python object on the way.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -22,13 +26,18 @@ class GenerationRequest:
     seed: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: arrays have no single truth value; compare their fields
 class GenerationResult:
     request_id: str
-    response_ids: list[int]
-    logprobs: list[float]  # log-prob of each response token under the sampling distribution
+    response_ids: np.ndarray  # int32, the sampled tokens
+    logprobs: np.ndarray  # float32, the log-prob of each under the sampling distribution
     finish_reason: str  # "stop" (end-of-sequence token) or "length"
     policy_version: int  # weights that generated it
+
+    def __post_init__(self) -> None:
+        # the store's types (int32, float32); no copy when a backend already hands arrays of them
+        object.__setattr__(self, "response_ids", np.asarray(self.response_ids, dtype=np.int32))
+        object.__setattr__(self, "logprobs", np.asarray(self.logprobs, dtype=np.float32))
 
 
 @dataclass(frozen=True)

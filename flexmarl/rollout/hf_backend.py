@@ -89,11 +89,12 @@ class HFBackend:
                 **{CACHE_ARG: cache},
             )
             last, cache = out.logits[:, -1, :], getattr(out, CACHE_ARG)
+        tokens, logprobs = tokens.to(torch.int32).numpy(), logprobs.numpy()  # each result a row's view
         return [
             GenerationResult(
                 r.request_id,
-                tokens[i, : lengths[i]].tolist(),
-                logprobs[i, : lengths[i]].tolist(),
+                tokens[i, : lengths[i]],
+                logprobs[i, : lengths[i]],
                 "stop" if bool(finished[i]) else "length",
                 self.version,
             )

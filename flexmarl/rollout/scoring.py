@@ -6,6 +6,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from flexmarl.meg.spec import MEGSpec
@@ -119,13 +120,16 @@ def trainable_samples(rewarded: pa.Table, *, dynamic_sampling: bool) -> tuple[pa
 
 
 def sample_rows(episodes: list[Episode], agent: str) -> pa.Table:
+    """The agent's samples of ``episodes`` as store rows; responses and log-probs go from the results' arrays
+    into Arrow list columns without a Python object per token."""
     created = now()
-    rows = []
+    rows, outputs = [], []
     for ep in episodes:
         for out in ep.outputs.values():
             if out.agent != agent:
                 continue
             rewarded = ep.error is None and out.reward is not None
+            outputs.append(out)
             rows.append({
                 "sample_id": out.sample_id,
                 "episode_id": ep.episode_id,
@@ -137,8 +141,6 @@ def sample_rows(episodes: list[Episode], agent: str) -> pa.Table:
                 "step": ep.step,
                 "policy_version": out.result.policy_version,
                 "prompt_ids": out.prompt_ids,
-                "response_ids": out.result.response_ids,
-                "logprobs": out.result.logprobs,
                 "finish_reason": out.result.finish_reason,
                 "parsed": out.parsed,
                 "reward": out.reward if rewarded else None,
@@ -147,7 +149,19 @@ def sample_rows(episodes: list[Episode], agent: str) -> pa.Table:
                 "parent_ids": out.parent_ids,
                 "created_at": created,
             })
-    return pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA)
+    columns: dict[str, object] = {name: [row[name] for row in rows] for name in SAMPLE_SCHEMA.names
+                                  if name not in ("response_ids", "logprobs")}
+    columns["response_ids"] = list_column([o.result.response_ids for o in outputs], pa.int32())
+    columns["logprobs"] = list_column([o.result.logprobs for o in outputs], pa.float32())
+    return pa.Table.from_pydict(columns, schema=SAMPLE_SCHEMA)
+
+
+def list_column(arrays: Sequence[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
+    """An Arrow list column with one row per array: one concatenation and an offsets buffer."""
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays) if arrays else np.empty(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
 
 
 def episode_rows(episodes: list[Episode]) -> pa.Table:

@@ -143,8 +143,9 @@ class VLLMBackend:
         results = []
         for r, out in zip(requests, outputs, strict=True):
             completion = out.outputs[0]
-            ids = list(completion.token_ids)
-            logprobs = [step[token].logprob for token, step in zip(ids, completion.logprobs, strict=True)]
+            ids = np.asarray(completion.token_ids, dtype=np.int32)
+            logprobs = np.fromiter((step[token].logprob for token, step in zip(completion.token_ids,
+                                    completion.logprobs, strict=True)), dtype=np.float32, count=len(ids))
             if completion.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM finished request {r.request_id} with {completion.finish_reason!r}")
             results.append(GenerationResult(r.request_id, ids, logprobs, completion.finish_reason, self.version))

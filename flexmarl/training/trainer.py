@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import torch
 from accelerate import Accelerator
@@ -39,11 +40,16 @@ class TrainBatch:
     """An agent's global batch, in a deterministic order (sorted by sample id)."""
 
     sample_ids: list[str]
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    logprobs: list[list[float]]  # behaviour log-probs, from the rollout
+    prompt_ids: list[list[int]]  # lists: ``prefix.prefill`` compares prompts token by token
+    response_ids: list[torch.Tensor]  # int32, one per sample
+    logprobs: list[torch.Tensor]  # float32 behaviour log-probs, from the rollout
     advantages: list[float]
     versions: list[int]  # policy version that generated each sample
+
+    def __post_init__(self) -> None:
+        # batches built by hand (tests, tools) may hold lists or arrays; no copy for tensors of these types
+        object.__setattr__(self, "response_ids", [torch.as_tensor(r, dtype=torch.int32) for r in self.response_ids])
+        object.__setattr__(self, "logprobs", [torch.as_tensor(lp, dtype=torch.float32) for lp in self.logprobs])
 
     @classmethod
     def from_arrow(cls, rows: pa.Table) -> TrainBatch:
@@ -51,8 +57,8 @@ class TrainBatch:
         return cls(
             sample_ids=rows["sample_id"].to_pylist(),
             prompt_ids=rows["prompt_ids"].to_pylist(),
-            response_ids=rows["response_ids"].to_pylist(),
-            logprobs=rows["logprobs"].to_pylist(),
+            response_ids=row_tensors(rows["response_ids"]),
+            logprobs=row_tensors(rows["logprobs"]),
             advantages=rows["advantage"].to_pylist(),
             versions=rows["policy_version"].to_pylist(),
         )
@@ -66,6 +72,14 @@ class TrainBatch:
 
     def slice(self, start: int, stop: int) -> TrainBatch:
         return TrainBatch(*(getattr(self, f)[start:stop] for f in self.__dataclass_fields__))
+
+
+def row_tensors(column: pa.ChunkedArray) -> list[torch.Tensor]:
+    """One tensor per row of an Arrow list column: views into one copy of its values, not a Python object per
+    element."""
+    lists = column.combine_chunks()
+    values = torch.from_numpy(np.array(lists.flatten()))  # a writable copy: torch refuses read-only memory
+    return list(torch.split(values, np.diff(lists.offsets.to_numpy()).tolist()))
 
 
 @dataclass(frozen=True)
@@ -125,26 +139,26 @@ def response_logprobs(
         picked = shared_prompt_logits(model, batch.prompt_ids, batch.response_ids, device)
     else:
         picked = full_sequence_logits(model, batch, device)
-    resp_width = max(len(r) for r in batch.response_ids)
-    mask = (torch.arange(resp_width) < torch.tensor([len(r) for r in batch.response_ids]).unsqueeze(1)).float()
-    targets = torch.zeros((len(batch), resp_width), dtype=torch.long)
-    for i, r in enumerate(batch.response_ids):
-        targets[i, : len(r)] = torch.tensor(r)
+    targets, mask = padded(batch.response_ids)
     logp = torch.log_softmax(picked.float() / temperature, dim=-1)
-    token_logp = logp.gather(-1, targets.to(device).unsqueeze(-1)).squeeze(-1)  # (B, T)
+    token_logp = logp.gather(-1, targets.long().to(device).unsqueeze(-1)).squeeze(-1)  # (B, T)
     return token_logp, mask.to(device)
+
+
+def padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, T)`` right-padded rows (zeros after each row's end) and the float mask of their positions."""
+    values = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    mask = (torch.arange(values.shape[1]) < torch.tensor([len(r) for r in rows]).unsqueeze(1)).float()
+    return values, mask
 
 
 def full_sequence_logits(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> torch.Tensor:
     """``(B, T, V)``: the logits that predict each response token, one right-padded prompt + response per row."""
-    seqs = [p + r for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)]
-    width = max(len(s) for s in seqs)
-    resp_width = max(len(r) for r in batch.response_ids)
-    input_ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        input_ids[i, : len(s)] = torch.tensor(s)
-        attention[i, : len(s)] = 1
+    seqs = [torch.cat([torch.tensor(p, dtype=torch.int32), r])
+            for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)]
+    input_ids, attention = padded(seqs)
+    width, resp_width = input_ids.shape[1], max(len(r) for r in batch.response_ids)
+    input_ids, attention = input_ids.long(), attention.long()
     # position of the logit that predicts response token t of row i: prompt_len_i - 1 + t
     starts = torch.tensor([len(p) - 1 for p in batch.prompt_ids]).unsqueeze(1)  # (B, 1)
     positions = (starts + torch.arange(resp_width)).clamp(max=width - 1)  # (B, T)
@@ -161,7 +175,7 @@ def full_sequence_logits(model: torch.nn.Module, batch: TrainBatch, device: torc
 
 
 def shared_prompt_logits(
-    model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]], device: torch.device
+    model: torch.nn.Module, prompts: list[list[int]], responses: list[torch.Tensor], device: torch.device
 ) -> torch.Tensor:
     """``(B, T, V)``: the logits that predict each response token, shared prompt tokens computed once.
 
@@ -178,7 +192,7 @@ def shared_prompt_logits(
     resp_attention = torch.zeros((len(responses), feed), dtype=torch.long)
     for i, r in enumerate(responses):
         n = max(len(r) - 1, 0)
-        resp_ids[i, :n] = torch.tensor(r[:n], dtype=torch.long)
+        resp_ids[i, :n] = r[:n]
         resp_attention[i, :n] = 1
     rest = model(
         input_ids=resp_ids.to(device),
@@ -296,9 +310,7 @@ class AgentTrainer:
 
     def _accumulate(self, model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> dict[str, float]:
         logp, mask = response_logprobs(model, batch, self.temperature, device)  # (B, T)
-        behaviour = torch.zeros_like(logp)
-        for i, lp in enumerate(batch.logprobs):
-            behaviour[i, : len(lp)] = torch.tensor(lp)
+        behaviour = padded(batch.logprobs)[0].to(device)  # (B, T), zeros past each response
         # Decoupled PPO for every sample: clip against the current weights (the proximal policy: one
         # optimizer step per global batch, so these are the weights before it) and correct from the policy
         # that generated the sample with capped importance weights current/behaviour. A stale sample's weight

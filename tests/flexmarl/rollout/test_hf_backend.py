@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ def test_generates_batched_responses_with_logprobs(tiny_dir) -> None:
     results = backend.generate(reqs)
     assert [r.request_id for r in results] == ["r1", "r2", "r3", "r4"]
     for r in results:
+        assert (r.response_ids.dtype, r.logprobs.dtype) == (np.int32, np.float32)  # the store's types, as arrays
         assert 1 <= len(r.response_ids) <= 8 and len(r.logprobs) == len(r.response_ids)
         assert all(lp <= 0 for lp in r.logprobs)
         assert r.finish_reason == ("stop" if r.response_ids[-1] == backend.eos_id else "length")
@@ -42,10 +44,10 @@ def test_a_response_depends_on_its_seed_not_on_its_batch(tiny_dir) -> None:
     others = [GenerationRequest(f"o{i}", [257] + [80 + i] * (i + 1), 12, 1.0, seed=i) for i in range(5)]
     alone = backend.generate([target])[0]
     batched = {r.request_id: r for r in backend.generate(others[:2] + [target] + others[2:])}["t"]
-    assert batched.response_ids == alone.response_ids
+    assert batched.response_ids.tolist() == alone.response_ids.tolist()
     assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     reseeded = backend.generate([GenerationRequest("t", target.prompt_ids, 12, 1.0, seed=43)])[0]
-    assert reseeded.response_ids != alone.response_ids
+    assert reseeded.response_ids.tolist() != alone.response_ids.tolist()
 
 
 def test_requests_with_one_prompt_share_its_prefill_and_answer_as_if_alone(tiny_dir) -> None:
@@ -64,6 +66,6 @@ def test_requests_with_one_prompt_share_its_prefill_and_answer_as_if_alone(tiny_
     assert all(shape == (5, 1) for shape in calls[2:])  # every decode step: one row per request
     for request in [*group, other]:
         alone = backend.generate([request])[0]
-        assert together[request.request_id].response_ids == alone.response_ids
+        assert together[request.request_id].response_ids.tolist() == alone.response_ids.tolist()
         assert together[request.request_id].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     assert len({tuple(together[r.request_id].response_ids) for r in group}) > 1  # the seeds still differ

@@ -1,10 +1,16 @@
-"""Dynamic sampling's decision: which committed samples a micro-batch trains on."""
+"""Dynamic sampling's decision: which committed samples a micro-batch trains on; the token columns' way from
+the rollout's arrays to the trainer's tensors."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from flexmarl.rollout.scoring import trainable_samples, zero_variance_groups
+from flexmarl.rollout.scoring import list_column, trainable_samples, zero_variance_groups
+from flexmarl.training.trainer import TrainBatch
 
 
 def test_zero_variance_groups_are_those_with_equal_rewards_or_one_sample() -> None:
@@ -32,3 +38,35 @@ def test_trainable_samples_drop_whole_zero_variance_groups_only_when_asked() -> 
     assert kept["sample_id"].to_pylist() == ["y0", "y1"] and dropped == 1
     nothing, dropped = trainable_samples(rows.slice(2, 2), dynamic_sampling=True)
     assert nothing.num_rows == 0 and dropped == 1
+
+
+responses = st.lists(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.floats(-50, 0, width=32)), max_size=9),
+                     min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(responses, st.randoms(use_true_random=False), st.integers(1, 3))
+def test_tokens_and_logprobs_reach_the_trainer_exactly_through_arrow_columns(rows, rng, chunks: int) -> None:
+    """The rollout's arrays become Arrow list columns (``list_column``) and come back as the trainer's tensors
+    (``TrainBatch.from_arrow``), bit for bit, in sample-id order, empty answers and many chunks included."""
+    ids = [np.array([t for t, _ in r], dtype=np.int32) for r in rows]
+    lps = [np.array([lp for _, lp in r], dtype=np.float32) for r in rows]
+    names = [f"s{i:02d}" for i in range(len(rows))]
+    order = list(range(len(rows)))
+    rng.shuffle(order)  # stored in any order, trained sorted by sample id
+    table = pa.table({
+        "sample_id": [names[i] for i in order],
+        "prompt_ids": [[1, 2]] * len(rows),
+        "response_ids": list_column([ids[i] for i in order], pa.int32()),
+        "logprobs": list_column([lps[i] for i in order], pa.float32()),
+        "advantage": [0.5] * len(rows),
+        "policy_version": [0] * len(rows),
+    })
+    cut = sorted({0, table.num_rows, *(rng.randrange(table.num_rows + 1) for _ in range(chunks - 1))})
+    table = pa.concat_tables([table.slice(a, b - a) for a, b in zip(cut, cut[1:], strict=False)])
+    batch = TrainBatch.from_arrow(table)
+    assert batch.sample_ids == names
+    for i in range(len(rows)):
+        assert batch.response_ids[i].dtype == torch.int32 and batch.logprobs[i].dtype == torch.float32
+        assert batch.response_ids[i].tolist() == ids[i].tolist()
+        assert batch.logprobs[i].numpy().tobytes() == lps[i].tobytes()

@@ -63,12 +63,12 @@ def replicas(model_dir):
 
 def _same(a, b) -> None:
     for x, y in zip(a, b, strict=True):
-        assert x.response_ids == y.response_ids
+        assert x.response_ids.tolist() == y.response_ids.tolist()
         assert x.logprobs == pytest.approx(y.logprobs, abs=2e-4)
 
 
 def _score(backend: AdapterBackend, request, result, temperature: float) -> list[float]:
-    ids = torch.tensor([request.prompt_ids + result.response_ids])
+    ids = torch.tensor([request.prompt_ids + result.response_ids.tolist()])
     with torch.no_grad(), backend.host.active(backend.adapter) as model:
         logits = model(input_ids=ids).logits[0, len(request.prompt_ids) - 1 : -1] / temperature
     return logits.log_softmax(-1).gather(1, torch.tensor(result.response_ids)[:, None])[:, 0].tolist()
@@ -88,7 +88,7 @@ def test_adapter_agents_share_one_engine_and_sample_as_their_hf_replicas(replica
     solver.update_weights(update)
     trained = solver.generate(requests())
     assert {r.policy_version for r in trained} == {1}
-    assert [r.response_ids for r in trained] != [r.response_ids for r in base]  # the adapter is in use
+    assert [r.response_ids.tolist() for r in trained] != [r.response_ids.tolist() for r in base]  # the adapter is in use
     _same(trained, hf["solver"].generate(requests()))  # greedy: the same tokens and log-probs as peft's
     for request, result in zip(requests(0.8), solver.generate(requests(0.8)), strict=True):
         # sampled: the stored log-probs are those the trainer computes, with the adapter, at the temperature

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -52,12 +53,13 @@ def test_generation_returns_ids_and_the_logprobs_of_the_sampled_sequence(engine,
     model = load_model(model_dirs[0]).eval()
     for request, result in zip(requests, results):
         assert 1 <= len(result.response_ids) <= 16 and len(result.logprobs) == len(result.response_ids)
+        assert (result.response_ids.dtype, result.logprobs.dtype) == (np.int32, np.float32)
         ends_with_eos = result.response_ids[-1] == engine.eos_id
         assert result.finish_reason == ("stop" if ends_with_eos else "length")
         assert engine.eos_id not in result.response_ids[:-1]  # generation stops at the first EOS
         assert result.policy_version == engine.version
         # The trainer's score of the same tokens: log softmax(logits / T) at each response position.
-        ids = torch.tensor([request.prompt_ids + result.response_ids])
+        ids = torch.tensor([request.prompt_ids + result.response_ids.tolist()])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0, len(request.prompt_ids) - 1 : -1]  # (T, V)
         expected = torch.log_softmax(logits / temperature, -1).gather(-1, ids[0, len(request.prompt_ids) :, None])
@@ -70,16 +72,16 @@ def test_a_response_depends_on_its_seed_not_on_its_batch(engine) -> None:
     others = [GenerationRequest(f"o{i}", [257] + [80 + i] * (i + 1), 16, 1.0, seed=i) for i in range(5)]
     alone = engine.generate([target])[0]
     batched = {r.request_id: r for r in engine.generate(others[:2] + [target] + others[2:])}["t"]
-    assert batched.response_ids == alone.response_ids
+    assert batched.response_ids.tolist() == alone.response_ids.tolist()
     reseeded = engine.generate([GenerationRequest("t", target.prompt_ids, 16, 1.0, seed=43)])[0]
-    assert reseeded.response_ids != alone.response_ids
+    assert reseeded.response_ids.tolist() != alone.response_ids.tolist()
 
 
 @pytest.mark.vllm
 def test_greedy_vllm_equals_greedy_hf(engine, model_dirs) -> None:
     vllm_results, hf_results = _greedy(engine), _greedy(HFBackend(model_dirs[0], device="cpu"))
     for v, h in zip(vllm_results, hf_results):
-        assert v.response_ids == h.response_ids
+        assert v.response_ids.tolist() == h.response_ids.tolist()
         assert v.finish_reason == h.finish_reason
         assert v.logprobs == pytest.approx(h.logprobs, abs=1e-3)
 
@@ -100,19 +102,19 @@ def test_a_bad_update_is_refused_before_the_engine_and_a_good_one_changes_output
             engine.update_weights(WeightUpdate("a", version + 1, state))
         assert engine.version == version
     # The engine survived the refusals and still holds the old weights.
-    assert [r.response_ids for r in _greedy(engine)] == [r.response_ids for r in before]
+    assert [r.response_ids.tolist() for r in _greedy(engine)] == [r.response_ids.tolist() for r in before]
 
     engine.update_weights(WeightUpdate("a", version + 1, good))
     try:
         assert engine.version == version + 1
         after = _greedy(engine)
         assert all(r.policy_version == version + 1 for r in after)
-        assert [r.response_ids for r in after] != [r.response_ids for r in before]
+        assert [r.response_ids.tolist() for r in after] != [r.response_ids.tolist() for r in before]
         # The update took effect completely: the engine now decodes as the seed-1 model does.
-        assert [r.response_ids for r in after] == [r.response_ids for r in _greedy(HFBackend(model_dirs[1]))]
+        assert [r.response_ids.tolist() for r in after] == [r.response_ids.tolist() for r in _greedy(HFBackend(model_dirs[1]))]
     finally:
         engine.update_weights(WeightUpdate("a", version + 2, _state(model_dirs[0])))  # later tests expect seed 0
-    assert [r.response_ids for r in _greedy(engine)] == [r.response_ids for r in before]
+    assert [r.response_ids.tolist() for r in _greedy(engine)] == [r.response_ids.tolist() for r in before]
 
 
 @pytest.mark.vllm
@@ -122,7 +124,7 @@ def test_a_replica_on_a_default_dask_worker_serves_the_model(engine, model_dirs)
     from flexmarl.rollout import replica
 
     request = GenerationRequest("d", PROMPTS[1], 16, 1.0, seed=7)
-    expected = engine.generate([request])[0].response_ids
+    expected = engine.generate([request])[0].response_ids.tolist()
     rollout = RolloutConfig(backend="vllm", vllm=SETTINGS)
     # Default (daemonic) worker processes: the in-process engine needs no child processes.
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
@@ -130,11 +132,11 @@ def test_a_replica_on_a_default_dask_worker_serves_the_model(engine, model_dirs)
         register(client)
         client.submit(replica.start_replica, "run/a", str(model_dirs[0]), 0, rollout, pure=False).result()
         [served] = client.submit(replica.generate, "run/a", [request], pure=False).result()
-        assert served.response_ids == expected and served.policy_version == 0
+        assert served.response_ids.tolist() == expected and served.policy_version == 0
         version = client.submit(replica.load_weights, "run/a", 1, _state(model_dirs[1]), pure=False).result()
         assert version == 1
         [after] = client.submit(replica.generate, "run/a", [request], pure=False).result()
-        assert after.policy_version == 1 and after.response_ids != expected
+        assert after.policy_version == 1 and after.response_ids.tolist() != expected
 
 
 @pytest.mark.vllm

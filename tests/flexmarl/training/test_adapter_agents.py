@@ -78,7 +78,7 @@ def test_an_adapter_replica_generates_with_its_own_adapter_and_takes_adapter_upd
     verifier = AdapterBackend(host, "verifier", LORA)
     plain = HFBackend(tiny_dir).generate(requests())
     # a fresh adapter (B = 0) leaves the base's outputs as they were
-    assert [r.response_ids for r in solver.generate(requests())] == [r.response_ids for r in plain]
+    assert [r.response_ids.tolist() for r in solver.generate(requests())] == [r.response_ids.tolist() for r in plain]
 
     trainer = AgentTrainer("solver", tiny_dir, CONFIG, temperature=1.0)
     for _ in range(3):
@@ -86,8 +86,8 @@ def test_an_adapter_replica_generates_with_its_own_adapter_and_takes_adapter_upd
     solver.update_weights(WeightUpdate("solver", trainer.version, trainer.weights()))
     assert solver.version == trainer.version and verifier.version == 0
     moved = solver.generate(requests())
-    assert [r.logprobs for r in moved] != [r.logprobs for r in plain]
-    assert [r.logprobs for r in verifier.generate(requests())] == [r.logprobs for r in plain]  # untouched
+    assert [r.logprobs.tolist() for r in moved] != [r.logprobs.tolist() for r in plain]
+    assert [r.logprobs.tolist() for r in verifier.generate(requests())] == [r.logprobs.tolist() for r in plain]  # untouched
     with pytest.raises(WeightSyncError, match="does not match"):
         verifier.update_weights(WeightUpdate("verifier", 1, {"x": torch.zeros(1)}))
     assert verifier.version == 0

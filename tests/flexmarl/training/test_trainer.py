@@ -38,7 +38,7 @@ def test_rollout_logprobs_equal_the_trainers_scores(tiny_dir) -> None:
     with torch.no_grad():
         logp, mask = response_logprobs(trainer.model, batch, 1.0, torch.device("cpu"))
     for i, lp in enumerate(batch.logprobs):
-        assert logp[i, : len(lp)].tolist() == pytest.approx(lp, abs=1e-4)
+        assert logp[i, : len(lp)].tolist() == pytest.approx(lp.tolist(), abs=1e-4)
         assert mask[i].sum() == len(lp)
 
 
@@ -86,12 +86,12 @@ def test_shared_prompt_tokens_run_once_and_score_and_backpropagate_as_one_sequen
     full = trainer_module.full_sequence_logits(model, batch, torch.device("cpu"))
     targets = torch.zeros_like(mask, dtype=torch.long)
     for i, r in enumerate(batch.response_ids):
-        targets[i, : len(r)] = torch.tensor(r)
+        targets[i, : len(r)] = r
     full_logp = torch.log_softmax(full.float() / 0.8, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
     (full_logp * mask * torch.tensor(batch.advantages)[:, None]).sum().backward()
     assert torch.allclose(shared_logp * mask, full_logp * mask, atol=1e-5)
     for i, lp in enumerate(batch.logprobs):
-        assert shared_logp[i, : len(lp)].tolist() == pytest.approx(lp, abs=1e-4)
+        assert shared_logp[i, : len(lp)].tolist() == pytest.approx(lp.tolist(), abs=1e-4)
     assert shared_grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
     for name, grad in shared_grads.items():
         assert torch.allclose(grad, model.get_parameter(name).grad, atol=1e-5), name
@@ -107,8 +107,8 @@ def test_rollout_logprobs_equal_the_trainers_scores_at_temperature_0_7(tiny_dir)
         logp, _ = response_logprobs(trainer.model, batch, trainer.temperature, torch.device("cpu"))
         at_one, _ = response_logprobs(trainer.model, batch, 1.0, torch.device("cpu"))
     for i, lp in enumerate(batch.logprobs):
-        assert logp[i, : len(lp)].tolist() == pytest.approx(lp, abs=1e-4)
-    worst_at_one = max(max(abs(a - b) for a, b in zip(at_one[i, : len(lp)].tolist(), lp)) for i, lp in
+        assert logp[i, : len(lp)].tolist() == pytest.approx(lp.tolist(), abs=1e-4)
+    worst_at_one = max(max(abs(a - b) for a, b in zip(at_one[i, : len(lp)].tolist(), lp.tolist())) for i, lp in
                        enumerate(batch.logprobs))
     assert worst_at_one > 1e-2  # scoring at T = 1 would be caught
     # on-policy, the trainer's importance weights are the identity
@@ -146,10 +146,10 @@ def reference_gradient(tiny_dir, batch: TrainBatch, *, loss_type: str, temperatu
     per_response = []
     for prompt, response, behaviour, adv in zip(batch.prompt_ids, batch.response_ids, batch.logprobs,
                                                 batch.advantages, strict=True):
-        ids = torch.tensor([prompt + response])
+        ids = torch.tensor([prompt + response.tolist()])
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) + len(response) - 1]  # (T, V)
-        logp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
-        w = torch.exp(logp.detach() - torch.tensor(behaviour)).clamp(max=is_cap)
+        logp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, response.long()[:, None])[:, 0]
+        w = torch.exp(logp.detach() - behaviour).clamp(max=is_cap)
         per_response.append((-adv * w * logp).sum() / (len(response) if loss_type == "grpo" else 1))
     total = torch.stack(per_response).sum()
     denom = {"grpo": len(batch), "dapo": batch.num_tokens, "dr_grpo": len(batch) * max_new_tokens}[loss_type]
@@ -168,7 +168,7 @@ def test_the_update_applies_the_reference_gradient(tiny_dir, loss_type: str) -> 
     """
     batch = make_batch(tiny_dir, [1.0, -1.0, 0.5, -0.5, 2.0], temperature=0.7)
     shift = {(0, 0): 0.5, (1, 1): 0.5, (2, 0): -0.5, (4, 0): 1.0, (4, 1): 1.5}  # p/p_behaviour = e^shift
-    logprobs = [list(lp) for lp in batch.logprobs]
+    logprobs = [lp.tolist() for lp in batch.logprobs]
     for (i, t), d in shift.items():
         logprobs[i][t] -= d
     batch = TrainBatch(batch.sample_ids, batch.prompt_ids, batch.response_ids, logprobs, batch.advantages,

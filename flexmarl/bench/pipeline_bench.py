@@ -209,6 +209,7 @@ def bench_pipeline(
                 rounds[mode].append({"wall_s": result.wall_s, "bound_s": bound, "efficiency": bound / result.wall_s,
                                      "utilization": result.utilization(), "peak_rss_bytes": max(peak.values()),
                                      "driver_busy_share": result.driver_busy_share(),
+                                     "driver_busy_by_step": list(result.driver_busy_by_step().values()),
                                      "snapshot_share": snapshot_cost(result)["share"]})
                 log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}, "
                     f"efficiency {bound / result.wall_s:.0%}")

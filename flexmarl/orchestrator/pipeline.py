@@ -436,9 +436,10 @@ class PipelineRunner:
                 samples_version=max(m.data[0] for m in batches), num_tokens=result.num_tokens,
                 metrics={**metrics, "skipped": float(result.skipped)},
             )
+        now = time.time() - self.t0
         event = UpdateEvent(agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens,
-                            mean_reward, metrics, time.time() - self.t0, result.skipped, staleness,
-                            len(self.sched.waiting[agent]))
+                            mean_reward, metrics, now, result.skipped, staleness, len(self.sched.waiting[agent]),
+                            max(now - self.driver_wait_s, 0.0))
         self.updates.append(event)
         self.sched.updated(agent, step, result.policy_version)
         if self.snapshot_root is not None:  # keep the newest scheduled state before this version, and later ones

@@ -74,6 +74,7 @@ class UpdateEvent:
     skipped: bool = False
     staleness: float = 0.0  # mean versions between a consumed sample's generator and the weights it updated
     queue_depth: int = 0  # the agent's requests waiting for a replica when the update finished
+    driver_busy_s: float = 0.0  # the driver loop's busy seconds since the pipeline started, at this update
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,21 @@ class PipelineResult:
     def driver_busy_share(self) -> float:
         """The share of the pipeline's wall time that its one driver loop was busy (near 1: the driver limits)."""
         return self.driver_busy_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def driver_busy_by_step(self) -> dict[int, float]:
+        """The driver's busy share in each step's window: from the previous step's last update to this one's.
+
+        Steps overlap when pipelined; the windows still cut the run into consecutive pieces, one per step.
+        """
+        last: dict[int, UpdateEvent] = {}
+        for u in sorted(self.updates, key=lambda u: u.finished_at):
+            last[u.step] = u
+        shares, t, busy = {}, 0.0, 0.0
+        for step, u in sorted(last.items()):
+            if u.finished_at > t:
+                shares[step] = (u.driver_busy_s - busy) / (u.finished_at - t)
+                t, busy = u.finished_at, u.driver_busy_s
+        return shares
 
     def utilization(self) -> float:
         """Busy worker-seconds over total worker-seconds."""

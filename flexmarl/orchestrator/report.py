@@ -57,6 +57,7 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
         "utilization": result.utilization(),
         # the driver loop's busy share: near 1, the driver (scoring, commits, dispatch) limits the pipeline
         "driver_busy_share": result.driver_busy_share(),
+        "driver_busy_by_step": {str(step): share for step, share in result.driver_busy_by_step().items()},
         "workers": len(result.workers),
         # busy fraction of each worker (rollout replicas and training slots alike)
         "worker_utilization": {w: worker_busy[w] / result.wall_s if result.wall_s > 0 else 0.0

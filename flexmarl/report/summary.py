@@ -63,7 +63,9 @@ def render_summary(
             f"{cfg.train.steps} steps of {cfg.train.queries_per_step} queries x {cfg.train.group_size}",
             f"- wall time {report['wall_s']:.1f} s (pipeline {report['pipeline_s']:.1f} s)",
             f"- worker utilisation {report['utilization']:.0%}, {report['tokens_per_s']:.0f} tokens/s generated; "
-            f"driver busy {report.get('driver_busy_share', 0.0):.0%} of the pipeline's time",
+            f"driver busy {report.get('driver_busy_share', 0.0):.0%} of the pipeline's time"
+            + (f" ({min(by_step.values()):.0%}-{max(by_step.values()):.0%} per step)"
+               if (by_step := report.get("driver_busy_by_step")) else ""),
             f"- store: {report['store_write_s']:.2f} s of driver commits, {report['store_read_s']:.2f} s of "
             f"trainer reads, at `{run.store_uri}`",
         ]

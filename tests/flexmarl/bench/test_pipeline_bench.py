@@ -46,6 +46,8 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
         assert r["peak_rss_per_worker_bytes"] >= max(run["peak_rss_bytes"] for run in r["rounds"]) > 100e6
         # the driver loop waits on the workers for some of the time, and works for some of it
         assert all(0 < run["driver_busy_share"] < 1 for run in r["rounds"]), r["rounds"]
+        assert all(len(run["driver_busy_by_step"]) == 1 and 0 < run["driver_busy_by_step"][0] < 1
+                   for run in r["rounds"]), r["rounds"]
         # each agent's one update wrote its state (the last version always is), on the worker's clock
         assert r["snapshots"]["count"] == 2 and 0 < r["snapshots"]["share"] < 1, r["snapshots"]
         assert 0 < r["snapshot_share"] < 1

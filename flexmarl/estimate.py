@@ -3,12 +3,15 @@
 The costs are seconds per sample-token on one worker of this project's 2-core machine (one torch thread per
 worker), from measurements there: SmolLM2-135M generates 16 x 64 tokens in about 15 s and trains on 16 x 128
 tokens in about 40 s (27% less since only response positions reach the vocabulary projection), an update
-(optimizer step, weight sync) costs seconds and so does each state written (1.7 GB, about 7 s, every
-``train.snapshot_every`` updates). Prompt tokens count as the trainer runs them: a micro-batch's shared head
-and a group's repeated prompt once (``prompt_positions``, after ``models/prefix.py``). The tiny models cost little
-but the pipeline's per-step overhead. Other models have no price, and get no estimate. It is a rough guide
-for an idle machine (a loaded one is slower: the copy preset, estimated at 3 minutes, took 10 on a machine
-running two other trainings); the run's own progress lines give the measured pace once an update is done.
+(optimizer step, weight sync) costs seconds and so does each state written (1.7 GB every
+``train.snapshot_every`` updates: a host copy of about 2 s on the worker, the write itself in the background).
+Prompt tokens count as the rollout's prefill and the trainer run them: a micro-batch's shared head and a group's
+repeated prompt once (``prompt_positions``, after ``models/prefix.py``); a prefill position costs a forward pass,
+about a third of a trained one. With answers of a few tokens, as in the default preset, prompts are most of the
+work. The tiny models cost little but the pipeline's per-step overhead. Other models have no price, and get no
+estimate. It is a rough guide for an idle machine (a loaded one is slower: the copy preset, estimated at 3
+minutes, took 10 on a machine running two other trainings); the run's own progress lines give the measured pace
+once an update is done.
 """
 
 from __future__ import annotations
@@ -28,15 +31,16 @@ from flexmarl.workloads.datasets import TaskItem, load_tasks
 @dataclass(frozen=True)
 class TokenCosts:
     decode_s: float  # one generated token of one sample, in a batch
+    prefill_s: float  # one prompt position of one sample through the rollout's prefill (forward only)
     train_s: float  # one token (prompt or response) of one sample through forward and backward
     update_s: float  # per optimizer step: the step and the weight sync
     snapshot_s: float  # per training state written (train.snapshot_every)
 
 
 COSTS = {
-    "smollm2-135m-instruct": TokenCosts(decode_s=0.015, train_s=0.012, update_s=5.0, snapshot_s=7.0),
-    "tiny": TokenCosts(decode_s=2e-4, train_s=5e-5, update_s=1.5, snapshot_s=0.0),
-    "tiny-large": TokenCosts(decode_s=4e-4, train_s=2e-4, update_s=1.5, snapshot_s=0.0),
+    "smollm2-135m-instruct": TokenCosts(decode_s=0.015, prefill_s=0.004, train_s=0.012, update_s=5.0, snapshot_s=2.0),
+    "tiny": TokenCosts(decode_s=2e-4, prefill_s=2e-5, train_s=5e-5, update_s=1.5, snapshot_s=0.0),
+    "tiny-large": TokenCosts(decode_s=4e-4, prefill_s=7e-5, train_s=2e-4, update_s=1.5, snapshot_s=0.0),
 }
 
 
@@ -80,8 +84,8 @@ def estimate_run_s(cfg: RunConfig) -> float | None:
         costs = COSTS.get(spec.model)
         if costs is None:
             return None
-        new = spec.sampling.max_new_tokens
-        per_sample = new * costs.decode_s + (prompt_positions(cfg, agent, tasks) + new) * costs.train_s
+        new, prompt = spec.sampling.max_new_tokens, prompt_positions(cfg, agent, tasks)
+        per_sample = new * costs.decode_s + prompt * costs.prefill_s + (prompt + new) * costs.train_s
         snapshots = costs.snapshot_s / cfg.train.snapshot_every if cfg.train.save_state else 0.0
         total += cfg.samples_per_step(agent) * per_sample + costs.update_s + snapshots
     return cfg.train.steps * total / max(cfg.cluster.n_workers, 1)

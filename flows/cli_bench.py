@@ -84,7 +84,8 @@ def decode(
                                        "must be a multiple); 1: every prompt differs.")] = 1,
 ) -> None:
     """Each backend's decode tokens/s beside what this machine allows the model at that batch: a roofline of
-    one decode step from the measured matmul rate and memory bandwidth (flexmarl/bench/decode_limit.py)."""
+    one decode step from the measured matmul rate and memory bandwidth, and the step's linear layers timed
+    alone (flexmarl/bench/decode_limit.py)."""
     from flexmarl.bench.backend_bench import compare_backends
 
     sizes = [int(b) for b in batches.split(",") if b.strip()]
@@ -97,14 +98,15 @@ def decode(
     threads = results[0]["limit"]["torch_threads"]
     table = Table(title=f"{model}: decode tokens/s, {new_tokens} new tokens, {group} request(s) per prompt, "
                         f"{threads} torch thread(s) (a run's workers have one each: OMP_NUM_THREADS=1)")
-    for col in ("batch", "machine limit", "hf", "vllm"):
+    for col in ("batch", "roofline", "linear layers alone", "hf (of roofline, of linear)", "vllm"):
         table.add_column(col)
     for r in results:
         limit = r["limit"]
-        cells = [f"{b['tokens_per_s']:.0f} ({b['share_of_limit']:.0%})" if "tokens_per_s" in b else "-"
-                 for b in (r["backends"]["hf"], r["backends"]["vllm"])]
+        cells = [f"{b['tokens_per_s']:.0f} ({b['share_of_limit']:.0%}, {b['share_of_kernel']:.0%})"
+                 if "tokens_per_s" in b else "-" for b in (r["backends"]["hf"], r["backends"]["vllm"])]
         table.add_row(str(r["batch"]), f"{limit['tokens_per_s']:.0f} ({limit['bound']}-bound: "
-                      f"{limit['matmul_gflops']:.0f} GFLOP/s, {limit['memory_gb_s']:.0f} GB/s)", *cells)
+                      f"{limit['matmul_gflops']:.0f} GFLOP/s, {limit['memory_gb_s']:.0f} GB/s)",
+                      f"{limit['kernel_tokens_per_s']:.0f} ({limit['linear_gb_s']:.1f} GB/s of weights)", *cells)
     console.print(table)
     console.print(f"report: {out / 'bench_decode.json'}")
 

@@ -123,8 +123,9 @@ def vllm_in_subprocess(
 def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_python: Path = VLLM_PYTHON,
                      prompt_len: int = 32, group: int = 1) -> dict:
     """``{"model", "batch", "new_tokens", "limit": {...}, "backends": {"hf": {"tokens_per_s", "share_of_limit",
-    ...}, "vllm": {...} or {"unavailable": reason}}}``; ``limit`` is what this machine allows the model's
-    decoding at that batch (``decode_limit``), ``share_of_limit`` each backend's tokens/s over it."""
+    "share_of_kernel", ...}, "vllm": {...} or {"unavailable": reason}}}``; ``limit`` is what this machine allows
+    the model's decoding at that batch (``decode_limit``), ``share_of_limit`` each backend's tokens/s over its
+    roofline and ``share_of_kernel`` over its linear layers timed alone."""
     limit = decode_limit(resolve_model(model), batch=batch, context=prompt_len + new_tokens // 2)
     hf = backend_throughput("hf", model, batch, new_tokens, prompt_len=prompt_len, group=group)
     if vllm_installed():
@@ -137,6 +138,7 @@ def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_
     for result in (hf, vllm):
         if "tokens_per_s" in result:
             result["share_of_limit"] = result["tokens_per_s"] / limit["tokens_per_s"]
+            result["share_of_kernel"] = result["tokens_per_s"] / limit["kernel_tokens_per_s"]
     return {"model": model, "batch": batch, "new_tokens": new_tokens, "group": group, "limit": limit,
             "backends": {"hf": hf, "vllm": vllm}}
 

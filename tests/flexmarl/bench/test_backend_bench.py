@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flexmarl.bench.backend_bench import _requests, backend_throughput, compare_backends, vllm_in_subprocess
-from flexmarl.bench.decode_limit import decode_limit, model_costs
+from flexmarl.bench.decode_limit import decode_limit, linear_step_seconds, model_costs
 from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.rollout.config import vllm_installed
 
@@ -39,6 +39,7 @@ def test_without_a_vllm_environment_vllm_is_reported_unavailable(model_cache, tm
     assert "make setup-vllm" in report["backends"]["vllm"]["unavailable"]
     hf, limit = report["backends"]["hf"], report["limit"]
     assert hf["share_of_limit"] == pytest.approx(hf["tokens_per_s"] / limit["tokens_per_s"])
+    assert hf["share_of_kernel"] == pytest.approx(hf["tokens_per_s"] / limit["kernel_tokens_per_s"])
 
 
 def test_the_decode_limit_is_the_slower_of_compute_and_memory(model_cache) -> None:
@@ -48,12 +49,24 @@ def test_the_decode_limit_is_the_slower_of_compute_and_memory(model_cache) -> No
     assert costs["linear_flops_per_token"] == 2 * linear
     assert costs["weight_bytes"] == sum(4 * p.numel() for p in {id(p): p for p in model.parameters()}.values())
     one, many = (decode_limit(resolve_model("tiny"), batch=b, context=16, seconds=0.2) for b in (1, 4096))
-    for limit in (one, many):
+    for limit, batch in ((one, 1), (many, 4096)):
         assert limit["tokens_per_s"] == min(limit["compute_tokens_per_s"], limit["memory_tokens_per_s"])
         assert limit["matmul_gflops"] > 0 and limit["memory_gb_s"] > 0
+        assert limit["kernel_tokens_per_s"] == pytest.approx(batch / limit["linear_step_s"])
+        assert limit["linear_gb_s"] == pytest.approx(costs["weight_bytes"] / limit["linear_step_s"] / 1e9)
     assert one["bound"] == "memory" and many["bound"] == "compute"  # a batch shares each weight read
     assert one["flops_per_token"] == costs["linear_flops_per_token"] + 4 * model.config.num_hidden_layers * \
         model.config.hidden_size * 16
+
+
+def test_the_linear_step_runs_every_linear_layer_once_on_the_batch(model_cache) -> None:
+    model = load_model(resolve_model("tiny"))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    seen = []
+    for m in linears:
+        m.register_forward_hook(lambda mod, args, out: seen.append((mod, tuple(args[0].shape))))
+    assert linear_step_seconds(model, 3, seconds=0) > 0
+    assert seen == [(m, (3, m.in_features)) for m in linears] * 2  # the warm-up, then one timed step
 
 
 @pytest.mark.vllm

@@ -88,7 +88,8 @@ def test_adapter_agents_share_one_engine_and_sample_as_their_hf_replicas(replica
     solver.update_weights(update)
     trained = solver.generate(requests())
     assert {r.policy_version for r in trained} == {1}
-    assert [r.response_ids.tolist() for r in trained] != [r.response_ids.tolist() for r in base]  # the adapter is in use
+    # the adapter is in use
+    assert [r.response_ids.tolist() for r in trained] != [r.response_ids.tolist() for r in base]
     _same(trained, hf["solver"].generate(requests()))  # greedy: the same tokens and log-probs as peft's
     for request, result in zip(requests(0.8), solver.generate(requests(0.8)), strict=True):
         # sampled: the stored log-probs are those the trainer computes, with the adapter, at the temperature

@@ -111,7 +111,8 @@ def test_a_bad_update_is_refused_before_the_engine_and_a_good_one_changes_output
         assert all(r.policy_version == version + 1 for r in after)
         assert [r.response_ids.tolist() for r in after] != [r.response_ids.tolist() for r in before]
         # The update took effect completely: the engine now decodes as the seed-1 model does.
-        assert [r.response_ids.tolist() for r in after] == [r.response_ids.tolist() for r in _greedy(HFBackend(model_dirs[1]))]
+        hf = _greedy(HFBackend(model_dirs[1]))
+        assert [r.response_ids.tolist() for r in after] == [r.response_ids.tolist() for r in hf]
     finally:
         engine.update_weights(WeightUpdate("a", version + 2, _state(model_dirs[0])))  # later tests expect seed 0
     assert [r.response_ids.tolist() for r in _greedy(engine)] == [r.response_ids.tolist() for r in before]

@@ -24,6 +24,9 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
     assert set(report["agents"]) == {"solver", "verifier"}
     assert report["mode"] == "flexmarl" and 0 < report["utilization"] <= 1
     assert report["store_write_s"] > 0 and report["store_read_s"] > 0
+    # the driver's busy share in each step's window: one per step, a share of that window
+    assert list(report["driver_busy_by_step"]) == [str(s) for s in range(STEPS)]
+    assert all(0 < share < 1 for share in report["driver_busy_by_step"].values())
     updates = DeltaTable(str(run_dir / "store" / "updates")).to_pyarrow_table()
     for agent, a in report["agents"].items():
         assert a["policy_version"] == STEPS and a["updates"] == STEPS

@@ -31,17 +31,17 @@ from flexmarl.workloads.datasets import TaskItem, load_tasks
 @dataclass(frozen=True)
 class TokenCosts:
     decode_s: float  # one generated token of one sample, in a batch
-    prefill_s: float  # one prompt position of one sample through the rollout's prefill (forward only)
     train_s: float  # one token (prompt or response) of one sample through forward and backward
     update_s: float  # per optimizer step: the step and the weight sync
     snapshot_s: float  # per training state written (train.snapshot_every)
 
 
 COSTS = {
-    "smollm2-135m-instruct": TokenCosts(decode_s=0.015, prefill_s=0.004, train_s=0.012, update_s=5.0, snapshot_s=2.0),
-    "tiny": TokenCosts(decode_s=2e-4, prefill_s=2e-5, train_s=5e-5, update_s=1.5, snapshot_s=0.0),
-    "tiny-large": TokenCosts(decode_s=4e-4, prefill_s=7e-5, train_s=2e-4, update_s=1.5, snapshot_s=0.0),
+    "smollm2-135m-instruct": TokenCosts(decode_s=0.015, train_s=0.012, update_s=5.0, snapshot_s=2.0),
+    "tiny": TokenCosts(decode_s=2e-4, train_s=5e-5, update_s=1.5, snapshot_s=0.0),
+    "tiny-large": TokenCosts(decode_s=4e-4, train_s=2e-4, update_s=1.5, snapshot_s=0.0),
 }
+FORWARD_SHARE = 1 / 3  # of a trained position's cost: the forward pass alone, as the rollout's prefill runs it
 
 
 def agent_tokenizer(cfg: RunConfig, agent: str) -> PreTrainedTokenizerBase:
@@ -85,7 +85,7 @@ def estimate_run_s(cfg: RunConfig) -> float | None:
         if costs is None:
             return None
         new, prompt = spec.sampling.max_new_tokens, prompt_positions(cfg, agent, tasks)
-        per_sample = new * costs.decode_s + prompt * costs.prefill_s + (prompt + new) * costs.train_s
+        per_sample = new * costs.decode_s + prompt * FORWARD_SHARE * costs.train_s + (prompt + new) * costs.train_s
         snapshots = costs.snapshot_s / cfg.train.snapshot_every if cfg.train.save_state else 0.0
         total += cfg.samples_per_step(agent) * per_sample + costs.update_s + snapshots
     return cfg.train.steps * total / max(cfg.cluster.n_workers, 1)

@@ -128,6 +128,32 @@ def work_bound(result: PipelineResult) -> float:
     return max(work / max(len(result.workers), 1), max(train.values(), default=0.0))
 
 
+def work_split(result: PipelineResult) -> dict:
+    """The run's worker-seconds of generation and of training, and its generation batches: how many, their mean
+    size (requests generated together), and the seconds per generated token. Modes train the same micro-batches,
+    so where their work differs, it is generation; these say whether smaller batches are why."""
+    rollout = [s for s in result.spans if s.kind == "rollout"]
+    gen_s = sum(s.end - s.start for s in rollout)
+    tokens = sum(s.tokens for s in rollout)
+    return {"generation_s": gen_s,
+            "training_s": sum(s.end - s.start for s in result.spans if s.kind == "train" and not s.background),
+            "batches": len(rollout),
+            "mean_batch": sum(s.requests for s in rollout) / len(rollout) if rollout else 0.0,
+            "ms_per_token": 1e3 * gen_s / tokens if tokens else 0.0}
+
+
+def generation_by_batch(result: PipelineResult) -> dict[str, dict[int, dict]]:
+    """Per agent and batch size (requests generated together): batches, worker-seconds and tokens."""
+    out: dict[str, dict[int, dict]] = defaultdict(dict)
+    for s in result.spans:
+        if s.kind == "rollout":
+            row = out[s.agent].setdefault(s.requests, {"batches": 0, "seconds": 0.0, "tokens": 0})
+            row["batches"] += 1
+            row["seconds"] += s.end - s.start
+            row["tokens"] += s.tokens
+    return {agent: dict(sorted(rows.items())) for agent, rows in sorted(out.items())}
+
+
 def sync_bytes(weights: dict[str, dict]) -> dict[str, int]:
     """Bytes of each agent's weight sync per update: the tensors its trainer sends every replica (an adapter
     agent's: its adapter only)."""
@@ -210,7 +236,7 @@ def bench_pipeline(
                                      "utilization": result.utilization(), "peak_rss_bytes": max(peak.values()),
                                      "driver_busy_share": result.driver_busy_share(),
                                      "driver_busy_by_step": list(result.driver_busy_by_step().values()),
-                                     "snapshot_share": snapshot_cost(result)["share"]})
+                                     "snapshot_share": snapshot_cost(result)["share"], **work_split(result)})
                 log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}, "
                     f"efficiency {bound / result.wall_s:.0%}")
                 if r == repeats - 1:
@@ -220,13 +246,19 @@ def bench_pipeline(
     for mode, runs in rounds.items():
         report["modes"][mode].update({k: statistics.median(run[k] for run in runs)
                                       for k in ("wall_s", "bound_s", "efficiency", "utilization", "driver_busy_share",
-                                                "snapshot_share")})
+                                                "snapshot_share", "generation_s", "training_s", "mean_batch",
+                                                "ms_per_token")})
         report["modes"][mode]["peak_rss_per_worker_bytes"] = max(run["peak_rss_bytes"] for run in runs)
         report["modes"][mode]["wall_s_spread"] = spread([run["wall_s"] for run in runs])
         report["modes"][mode]["rounds"] = runs
     if "sync" in rounds:
         report["speedup_vs_sync"] = {
             m: spread([s["wall_s"] / x["wall_s"] for s, x in zip(rounds["sync"], runs, strict=True)])
+            for m, runs in rounds.items()
+        }
+        # what each mode's own work would allow under a perfect schedule: sync's wall time over its work bound
+        report["bound_speedup_vs_sync"] = {
+            m: spread([s["wall_s"] / x["bound_s"] for s, x in zip(rounds["sync"], runs, strict=True)])
             for m, runs in rounds.items()
         }
     if "sync" in weights and "flexmarl" in weights:
@@ -271,6 +303,7 @@ def _details(result: PipelineResult, steps: int, reward_threshold: float, out_di
         "per_agent": per_agent,
         "state_moves": state_moves(result),
         "snapshots": snapshot_cost(result),
+        "generation_by_batch": generation_by_batch(result),
     }
 
 
@@ -282,8 +315,8 @@ def markdown_table(report: dict) -> str:
         "round's sync wall time over the mode's; efficiency = work bound / wall time.",
         "",
         "| mode | wall s | speedup vs sync | utilisation | bound s | efficiency | samples | tokens | sync MB/update "
-        "| peak RSS/worker GB | driver busy | snapshots |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak RSS/worker GB | driver busy | snapshots | generation s | training s | mean batch | ms/token |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in report["modes"].items():
         w, x = r["wall_s_spread"], report.get("speedup_vs_sync", {}).get(mode)
@@ -293,7 +326,8 @@ def markdown_table(report: dict) -> str:
             f"{r['bound_s']:.2f} | {r['efficiency']:.0%} | {r['samples']} | {r['tokens']} | "
             f"{sum(r['sync_bytes_per_update'].values()) / len(r['sync_bytes_per_update']) / 1e6:.2f} | "
             f"{r['peak_rss_per_worker_bytes'] / 1e9:.2f} | {r['driver_busy_share']:.0%} | "
-            f"{r.get('snapshot_share', 0.0):.1%} |"
+            f"{r.get('snapshot_share', 0.0):.1%} | {r['generation_s']:.1f} | {r['training_s']:.1f} | "
+            f"{r['mean_batch']:.1f} | {r['ms_per_token']:.1f} |"
         )
     if "weights_match_sync" in report:
         lines += ["", f"weights_match_sync: {report['weights_match_sync']} "

@@ -390,7 +390,9 @@ class PipelineRunner:
         self.store_read_s += value.get("read_s", 0.0) if isinstance(task, Train) else 0.0
         if swap_s:
             self.spans.append(Span(worker, "swap", task.agent, start, start + swap_s))
-        self.spans.append(Span(worker, task.kind.span, task.agent, start + swap_s, end))
+        batch = {"requests": len(task.requests), "tokens": sum(len(r.response_ids) for r in value)} \
+            if isinstance(task, Generate) else {}
+        self.spans.append(Span(worker, task.kind.span, task.agent, start + swap_s, end, **batch))
         sched = self.sched
         if isinstance(task, Generate):
             sched.done(task)

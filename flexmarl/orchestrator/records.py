@@ -21,6 +21,8 @@ class Span:
     start: float
     end: float
     background: bool = False  # off the worker's task thread (a prefetch read): overlaps its tasks, not busy time
+    requests: int = 0  # a rollout span: the requests generated together in its batch
+    tokens: int = 0  # a rollout span: the tokens they generated
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.bench.pipeline_bench import SMOLLM2, bench_pipeline, spread, work_bound, workload_config
+from flexmarl.bench.pipeline_bench import (
+    SMOLLM2, bench_pipeline, generation_by_batch, spread, work_bound, work_split, workload_config,
+)
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.config import ConfigError, load_config
 from flexmarl.models.loading import load_model, resolve_model
@@ -22,6 +24,18 @@ def test_the_work_bound_spreads_the_work_over_workers_and_keeps_each_agents_trai
     one_agent = [Span("w1", "train", "a", 0, 6), Span("w2", "rollout", "b", 0, 1)]
     assert work_bound(PipelineResult(0.0, 10.0, one_agent, [], ["w1", "w2"], 0)) == 6.0  # a's training is serial
     assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+
+
+def test_generation_is_split_by_agent_and_batch_size_from_the_rollout_spans() -> None:
+    spans = [Span("w1", "rollout", "a", 0, 4, requests=8, tokens=100), Span("w2", "rollout", "a", 0, 2, requests=8, tokens=60),
+             Span("w2", "rollout", "b", 2, 3, requests=2, tokens=40), Span("w1", "train", "a", 4, 9),
+             Span("w2", "swap", "b", 3, 4, background=True), Span("w2", "train", "b", 5, 6, background=True)]
+    result = PipelineResult(0.0, 10.0, spans, [], ["w1", "w2"], 0)
+    assert generation_by_batch(result) == {"a": {8: {"batches": 2, "seconds": 6.0, "tokens": 160}},
+                                           "b": {2: {"batches": 1, "seconds": 1.0, "tokens": 40}}}
+    split = work_split(result)
+    assert split["generation_s"] == 7.0 and split["training_s"] == 5.0  # a background span is no work
+    assert split["batches"] == 3 and split["mean_batch"] == 6.0 and split["ms_per_token"] == pytest.approx(35.0)
 
 
 def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tmp_path: Path) -> None:
@@ -55,6 +69,15 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
                                                          saved["modes"]["flexmarl"]["rounds"], strict=True)]
     assert saved["speedup_vs_sync"]["flexmarl"]["min"] == pytest.approx(min(ratios))
     assert saved["speedup_vs_sync"]["sync"]["median"] == 1.0
+    # a perfect schedule of a mode's own work is never slower than the mode
+    for mode in ("sync", "flexmarl"):
+        assert saved["bound_speedup_vs_sync"][mode]["min"] >= saved["speedup_vs_sync"][mode]["min"] - 1e-9
+        r = saved["modes"][mode]
+        assert r["generation_s"] > 0 and r["training_s"] > 0 and r["mean_batch"] >= 1
+        batches = r["generation_by_batch"]
+        assert set(batches) == {"solver", "verifier"} and all(int(n) >= 1 for rows in batches.values() for n in rows)
+        # every sample generated in the last round is in one of its batches
+        assert sum(int(n) * row["batches"] for rows in batches.values() for n, row in rows.items()) == r["samples"]
     assert "efficiency" in (tmp_path / "report.md").read_text() and (tmp_path / "timeline_flexmarl.png").is_file()
     assert report["modes"]["flexmarl"]["per_agent"]
 

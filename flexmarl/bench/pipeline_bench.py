@@ -154,6 +154,13 @@ def generation_by_batch(result: PipelineResult) -> dict[str, dict[int, dict]]:
     return {agent: dict(sorted(rows.items())) for agent, rows in sorted(out.items())}
 
 
+def weight_sync_cost(result: PipelineResult) -> dict:
+    """The weight syncs (a trainer's new weights loaded into a replica): how many, their worker-seconds, and
+    the mean of one."""
+    spans = [s.end - s.start for s in result.spans if s.kind == "sync"]
+    return {"count": len(spans), "seconds": sum(spans), "mean_s": sum(spans) / len(spans) if spans else 0.0}
+
+
 def sync_bytes(weights: dict[str, dict]) -> dict[str, int]:
     """Bytes of each agent's weight sync per update: the tensors its trainer sends every replica (an adapter
     agent's: its adapter only)."""
@@ -206,7 +213,8 @@ def bench_pipeline(
 
     A mode's ``wall_s``, ``bound_s`` and ``efficiency`` are medians over its rounds (``rounds`` has each
     round's); ``speedup_vs_sync`` gives the median and spread of the per-round ratios. The timelines, rewards
-    and per-agent figures are those of the last round. Each agent's ``time_to_reward`` is the wall time at
+    and per-agent figures are those of the last round. Every file is rewritten after each round, so a bench
+    stopped midway keeps the rounds it finished (``rounds_done``). Each agent's ``time_to_reward`` is the wall time at
     which its reward, averaged over its last ``SMOOTH`` updates, first reaches ``reward_threshold`` (None when
     it never does): the time to accuracy that a faster schedule has to win."""
     unknown = [m for m in modes if m not in MODES]
@@ -221,7 +229,8 @@ def bench_pipeline(
         return load_config(config, overrides=extra) if config else workload_config(workload, extra)
 
     cluster = cluster or mode_config(modes[0]).cluster
-    report: dict = {"workload": str(config or workload), "steps": steps, "repeats": repeats, "modes": {}}
+    report: dict = {"workload": str(config or workload), "steps": steps, "repeats": repeats, "modes": {},
+                    "reward_threshold": reward_threshold}
     weights: dict[str, dict] = {}
     rounds: dict[str, list[dict]] = {m: [] for m in modes}
     with open_cluster(cluster) as address, Client(address, set_as_default=False) as client:
@@ -239,10 +248,17 @@ def bench_pipeline(
                                      "snapshot_share": snapshot_cost(result)["share"], **work_split(result)})
                 log(f"mode {mode}: {result.wall_s:.1f} s, utilisation {result.utilization():.0%}, "
                     f"efficiency {bound / result.wall_s:.0%}")
-                if r == repeats - 1:
-                    report["modes"][mode] = {**_details(result, steps, reward_threshold, out_dir, mode),
-                                             "sync_bytes_per_update": sync_bytes(weights[mode])}
-        report["workers"] = len(result.workers)
+                # the latest round's details: after a round, bench.json holds every round done so far
+                report["modes"][mode] = {**_details(result, steps, reward_threshold, out_dir, mode),
+                                         "sync_bytes_per_update": sync_bytes(weights[mode])}
+            report["workers"], report["rounds_done"] = len(result.workers), r + 1
+            _summarise(report, rounds, weights, out_dir)
+    return report
+
+
+def _summarise(report: dict, rounds: dict[str, list[dict]], weights: dict[str, dict], out_dir: Path) -> None:
+    """Medians and spreads over the rounds run so far, into ``report``; then write bench.json, report.md and
+    rewards.png, so that a bench stopped in a later round keeps what the earlier ones measured."""
     for mode, runs in rounds.items():
         report["modes"][mode].update({k: statistics.median(run[k] for run in runs)
                                       for k in ("wall_s", "bound_s", "efficiency", "utilization", "driver_busy_share",
@@ -268,13 +284,11 @@ def bench_pipeline(
         )
         report["max_abs_weight_diff"] = diff
         report["weights_match_sync"] = diff <= 1e-5
-    report["reward_threshold"] = reward_threshold
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
     (out_dir / "report.md").write_text(markdown_table(report))
     from flexmarl.report.pictures import draw_mode_rewards
 
     draw_mode_rewards(report, out_dir / "rewards.png")
-    return report
 
 
 def _run_once(cfg: RunConfig, run_dir: Path, address: str) -> tuple[PipelineResult, dict]:
@@ -303,6 +317,7 @@ def _details(result: PipelineResult, steps: int, reward_threshold: float, out_di
         "per_agent": per_agent,
         "state_moves": state_moves(result),
         "snapshots": snapshot_cost(result),
+        "weight_sync": weight_sync_cost(result),
         "generation_by_batch": generation_by_batch(result),
     }
 

@@ -390,9 +390,8 @@ class PipelineRunner:
         self.store_read_s += value.get("read_s", 0.0) if isinstance(task, Train) else 0.0
         if swap_s:
             self.spans.append(Span(worker, "swap", task.agent, start, start + swap_s))
-        batch = {"requests": len(task.requests), "tokens": sum(len(r.response_ids) for r in value)} \
-            if isinstance(task, Generate) else {}
-        self.spans.append(Span(worker, task.kind.span, task.agent, start + swap_s, end, **batch))
+        n = (len(task.requests), sum(len(r.response_ids) for r in value)) if isinstance(task, Generate) else (0, 0)
+        self.spans.append(Span(worker, task.kind.span, task.agent, start + swap_s, end, requests=n[0], tokens=n[1]))
         sched = self.sched
         if isinstance(task, Generate):
             sched.done(task)

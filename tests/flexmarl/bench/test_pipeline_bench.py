@@ -40,9 +40,18 @@ def test_generation_is_split_by_agent_and_batch_size_from_the_rollout_spans() ->
 
 def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tmp_path: Path) -> None:
     order: list[str] = []
+    after_round_1: dict = {}
+
+    def log(line: str) -> None:
+        order.append(line)
+        if line.startswith("round 2/2, mode sync"):  # a bench stopped from here on keeps round 1's figures
+            after_round_1.update(json.loads((tmp_path / "bench.json").read_text()))
+
     report = bench_pipeline(out_dir=tmp_path, modes=["sync", "flexmarl"], steps=1, workload="tiny", repeats=2,
                             overrides=["agents.verifier.adapter={r: 4}"],  # beside the full-model solver
-                            cluster=ClusterConfig(n_workers=2), log=order.append)
+                            cluster=ClusterConfig(n_workers=2), log=log)
+    assert after_round_1["rounds_done"] == 1 and after_round_1["weights_match_sync"]
+    assert all(len(after_round_1["modes"][m]["rounds"]) == 1 for m in ("sync", "flexmarl"))
     assert [line.split(":")[0] for line in order if line.startswith("round")] == [
         "round 1/2, mode sync", "round 1/2, mode flexmarl", "round 2/2, mode sync", "round 2/2, mode flexmarl"]
     saved = json.loads((tmp_path / "bench.json").read_text())
@@ -65,6 +74,8 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
         # each agent's one update wrote its state (the last version always is), on the worker's clock
         assert r["snapshots"]["count"] == 2 and 0 < r["snapshots"]["share"] < 1, r["snapshots"]
         assert 0 < r["snapshot_share"] < 1
+        # each agent's one update was synced to its replica, on a worker's clock
+        assert r["weight_sync"]["count"] >= 2 and r["weight_sync"]["mean_s"] > 0, r["weight_sync"]
     ratios = [s["wall_s"] / f["wall_s"] for s, f in zip(saved["modes"]["sync"]["rounds"],
                                                          saved["modes"]["flexmarl"]["rounds"], strict=True)]
     assert saved["speedup_vs_sync"]["flexmarl"]["min"] == pytest.approx(min(ratios))

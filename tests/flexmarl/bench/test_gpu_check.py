@@ -1,0 +1,52 @@
+"""The GPU check (``flexmarl.bench.gpu_check``) on this CPU at smoke size: every section runs and reports what the
+docs quote from a lent GPU, and a failing section leaves the others' figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flexmarl.bench import gpu_check
+from flexmarl.models.loading import resolve_model
+
+MODELS = ("smollm2-135m", "qwen2-0.5b")
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    return resolve_model("smollm2-135m-instruct")
+
+
+def test_every_section_reports_on_cpu_at_smoke_size(tmp_path: Path, smollm2: Path) -> None:
+    out = tmp_path / "out"
+    report = gpu_check.run(out, smollm2, work_dir=tmp_path / "work", smoke=True, pipeline_repeats=1)
+    assert json.loads((out / "gpu_check.json").read_text()) == json.loads(json.dumps(report, default=str))
+    assert not [s for s in gpu_check.SECTIONS if "error" in report[s]], {s: report[s].get("error") for s in report}
+    for model in MODELS:
+        rows = report["rollout"][model]
+        assert set(rows) == {str(b) for b in gpu_check.SMOKE_BATCHES}
+        assert all(r["hf"]["tokens_per_s"] > 0 and r["hf"]["batch"] == int(b) for b, r in rows.items())
+        sync = report["weight_sync"][model]
+        assert sync["bytes"] > 0 and sync["to_host_s"] > 0 and sync["load_s"] > 0
+    # the adapter agent's state is a small part of its model's
+    swap = report["swap"]
+    assert all(s["bit_exact"] for s in swap.values())
+    assert swap["smollm2-135m-lora-r8"]["state_bytes"] < swap["smollm2-135m"]["state_bytes"] / 5
+    pipeline = report["pipeline"]
+    assert pipeline["weights_match_sync"] and set(pipeline["modes"]) == {"sync", "flexmarl"}
+    # out keeps the JSON and the pictures; models and run directories stay in the work directory
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "timeline_flexmarl.png", "timeline_sync.png"]
+
+
+def test_a_failing_section_is_recorded_and_the_next_still_runs(
+    tmp_path: Path, smollm2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(models: dict, smoke: bool) -> dict:
+        raise RuntimeError("no pinned memory")
+
+    monkeypatch.setattr(gpu_check, "swap", broken)
+    report = gpu_check.run(tmp_path / "out", smollm2, smoke=True, sections=("swap", "weight_sync"))
+    assert report["swap"]["error"] == "RuntimeError: no pinned memory"
+    assert set(report["weight_sync"]) == set(MODELS) and set(report["seconds"]) == {"swap", "weight_sync"}

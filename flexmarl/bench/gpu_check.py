@@ -23,12 +23,12 @@ import shutil
 import statistics
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from flexmarl.bench.swap_bench import timed
 from flexmarl.models.loading import resolve_model
 
 SMOLLM2_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -102,10 +102,10 @@ def weight_sync(models: dict[str, Path], smoke: bool, repeats: int = 5) -> dict:
         trainer = AgentTrainer(name, d, TrainerConfig(lr=1e-5), temperature=1.0)
         replica = HFBackend(d)
         to_host, load = [], []
+        weights: dict[str, torch.Tensor] = {}
         for version in range(1, repeats + 1):
-            weights, seconds = _timed(trainer.weights)
-            to_host.append(seconds)
-            load.append(_timed(lambda w=weights, v=version: replica.update_weights(WeightUpdate(name, v, w)))[1])
+            to_host.append(timed(lambda: weights.update(trainer.weights())))
+            load.append(timed(lambda v=version: replica.update_weights(WeightUpdate(name, v, weights))))
         out[name] = {"bytes": tensor_bytes(weights), "to_host_s": statistics.median(to_host),
                      "load_s": statistics.median(load), "repeats": repeats}
         trainer.close()
@@ -126,16 +126,6 @@ def pipeline(models: dict[str, Path], smoke: bool, work_dir: Path, out_dir: Path
     for mode in report["modes"]:  # the pictures beside the JSON; the run directories stay in work_dir
         shutil.copy(work_dir / "pipeline" / f"timeline_{mode}.png", out_dir / f"timeline_{mode}.png")
     return report
-
-
-def _timed(fn: Callable[[], object]) -> tuple[object, float]:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    value = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return value, time.perf_counter() - start
 
 
 def _log(line: str) -> None:

@@ -214,8 +214,8 @@ def bench_pipeline(
     A mode's ``wall_s``, ``bound_s`` and ``efficiency`` are medians over its rounds (``rounds`` has each
     round's); ``speedup_vs_sync`` gives the median and spread of the per-round ratios. The timelines, rewards
     and per-agent figures are those of the last round. Every file is rewritten after each round, so a bench
-    stopped midway keeps the rounds it finished (``rounds_done``). Each agent's ``time_to_reward`` is the wall time at
-    which its reward, averaged over its last ``SMOOTH`` updates, first reaches ``reward_threshold`` (None when
+    stopped midway keeps the rounds it finished (``rounds_done``). Each agent's ``time_to_reward`` is the wall
+    time at which its reward, averaged over its last ``SMOOTH`` updates, first reaches ``reward_threshold`` (None when
     it never does): the time to accuracy that a faster schedule has to win."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:

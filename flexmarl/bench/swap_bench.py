@@ -30,7 +30,8 @@ from flexmarl.training.trainer import AgentTrainer, TrainBatch
 LEGS = ("to_host", "to_device", "to_disk", "from_disk", "to_object_store", "from_object_store")
 
 
-def _timed(fn: Callable[[], object]) -> float:
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds ``fn`` takes, with the GPU's queued work finished before and after (on CUDA)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -74,20 +75,20 @@ def bench_one(model: str, object_store: str = "memory://flexmarl-bench-swap", ad
     before = HostCopy.capture(trainer)
     result: dict = {"state_bytes": before.nbytes}
     if torch.cuda.is_available():  # the device -> host copy without pinned buffers, for comparison
-        result["to_host_pageable_s"] = _timed(lambda: _pageable_copy(trainer))
+        result["to_host_pageable_s"] = timed(lambda: _pageable_copy(trainer))
         result["to_host_pageable_gb_per_s"] = result["state_bytes"] / result["to_host_pageable_s"] / 1e9
     state = TrainingState.of(trainer)
-    result["to_host_s"] = _timed(lambda: state.to(HOST))
-    result["to_device_s"] = _timed(lambda: state.to(DEVICE))
+    result["to_host_s"] = timed(lambda: state.to(HOST))
+    result["to_device_s"] = timed(lambda: state.to(DEVICE))
     after_moves = HostCopy.capture(trainer)
     with tempfile.TemporaryDirectory() as tmp:
-        result["to_disk_s"] = _timed(lambda: state.to(tmp))
+        result["to_disk_s"] = timed(lambda: state.to(tmp))
         from_disk = new_trainer()
-        result["from_disk_s"] = _timed(lambda: state.to(DEVICE, trainer=from_disk))
+        result["from_disk_s"] = timed(lambda: state.to(DEVICE, trainer=from_disk))
     restored_disk = HostCopy.capture(from_disk)
-    result["to_object_store_s"] = _timed(lambda: state.to(object_store))
+    result["to_object_store_s"] = timed(lambda: state.to(object_store))
     from_store = new_trainer()
-    result["from_object_store_s"] = _timed(lambda: state.to(DEVICE, trainer=from_store))
+    result["from_object_store_s"] = timed(lambda: state.to(DEVICE, trainer=from_store))
     restored_store = HostCopy.capture(from_store)
     fs, root = fsspec.core.url_to_fs(object_store)
     fs.rm(root, recursive=True)

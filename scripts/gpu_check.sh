@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 16 (flexmarl/bench/gpu_check.py) on a lent machine with nothing but torch there.
 #   scripts/gpu_check.sh stage   here: the wheels the machine lacks into .whl/, SmolLM2's config and tokenizer
-#                                into .gpu/ (both ignored by git; carry both, about 63 MB together)
+#                                into .gpu/ (both ignored by git; carry both, 64.4 MB together)
 #   scripts/gpu_check.sh run [ARGS]  there: install the wheels into /tmp/site, then the check, into $OUT (ARGS go
 #                                to flexmarl.bench.gpu_check, e.g. --sections pipeline --pipeline-repeats 1)
 set -euo pipefail

@@ -72,7 +72,7 @@ def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, rollout_slots, en
                                    cfg.rollout.max_batch_size, trainer.advantage == "agent")
     balancer = InterAgentBalancer(
         cfg.rollout.balance_threshold, cfg.rollout.balance_cooldown_s,
-        min_slots=1 if len(rollout_slots) >= len(cfg.agents) else 0,
+        min_slots=1 if len(rollout_slots) >= len(cfg.agents) else 0, lanes=cfg.cluster.threads_per_worker,
     ) if cfg.rollout.load_balance else None
     return Scheduler(policy=policy, graph=cfg.graph.expanded, agents=shapes,
                      queries_per_step=cfg.train.queries_per_step, group_size=cfg.train.group_size,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from flexmarl.meg.graph import ExpandedGraph, sample_id
 from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
@@ -27,7 +28,7 @@ from flexmarl.orchestrator.tasks import (
     BLOCKING, Commit, Discard, Finish, Generate, GroupDone, InFlight, MicroBatch, RecordUpdate, Replay, Request,
     Resume, Snapshot, StepDone, Sync, Task, TaskKind, Train,
 )
-from flexmarl.rollout.balancer import InterAgentBalancer, Replica, move_slot
+from flexmarl.rollout.balancer import InterAgentBalancer, Replica, adds_capacity, move_slot
 
 
 @dataclass
@@ -341,11 +342,12 @@ class Scheduler(TrainingDispatch):
             queue_depth = {a: self.runnable(a) for a in self.agents}
             slots = {a: len(r) for a, r in self.replicas.items()}
             idle = {a: sum(not x.busy for x in r) for a, r in self.replicas.items()}
-            # decide() depends on these and on the clock only through past moves' cooldowns
-            key = (tuple(queue_depth.values()), tuple(slots.values()), tuple(idle.values()))
+            # decide() reads these, where the idle slots are, and the clock only through past moves' cooldowns
+            placement = tuple((r.agent, r.worker, r.busy) for reps in self.replicas.values() for r in reps)
+            key = (tuple(queue_depth.values()), placement)
             if key == self._balanced and not self._cooldown_ended_since(self._balanced_at, now):
                 return
-            move = self.balancer.decide(now, queue_depth, slots, idle)
+            move = self.balancer.decide(now, queue_depth, slots, idle, partial(adds_capacity, self.replicas, self.balancer.lanes))
             if move is None:
                 self._balanced, self._balanced_at = key, now
                 return

@@ -8,6 +8,10 @@ least to the most loaded agent. Two rules keep slots from flapping back and fort
 - a move must not invert the order: after it, the target's load is still at least the source's;
 - an agent that gained a slot gives none back, and one that gave a slot takes none, for ``cooldown_s``.
 
+A move must also add capacity (``adds_capacity``, asked of the caller, who knows where slots are): a worker
+generates ``lanes`` batches at once (one per Dask thread), so a second slot of the target on a one-lane worker
+where it already has one only queues behind the first, while the worker the target lacks may idle.
+
 Plain object, no Dask: the pipeline runtime and the simulator ask it the same question on their own clocks.
 
 Example:
@@ -20,6 +24,8 @@ Example:
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -48,6 +54,7 @@ class InterAgentBalancer:
     threshold: float = 5.0
     cooldown_s: float = 1.0
     min_slots: int = 1  # an agent keeps at least this many slots (0 lets an idle agent give away its last one)
+    lanes: int = 1  # batches one worker generates at once (Dask threads); more slots of an agent there only queue
     moves: list[Move] = field(default_factory=list)
     _gained_at: dict[str, float] = field(default_factory=dict)
     _gave_at: dict[str, float] = field(default_factory=dict)
@@ -59,7 +66,8 @@ class InterAgentBalancer:
             return math.inf if queue else 0.0
         return queue / slots
 
-    def decide(self, now: float, queue: dict[str, int], slots: dict[str, int], idle: dict[str, int]) -> Move | None:
+    def decide(self, now: float, queue: dict[str, int], slots: dict[str, int], idle: dict[str, int],
+               adds_capacity: Callable[[str, str], bool] | None = None) -> Move | None:
         """The slot to move now, or None.
 
         Args:
@@ -67,6 +75,8 @@ class InterAgentBalancer:
             queue: waiting requests per agent.
             slots: replica slots each agent holds.
             idle: of those, how many are not generating (only an idle slot can move).
+            adds_capacity: ``(source, target)`` -> whether one of the source's idle slots is on a worker where
+                the target holds none (None: every idle slot would).
         """
         loads = {a: self.load(queue.get(a, 0), slots[a]) for a in slots}
         targets = sorted(
@@ -86,6 +96,8 @@ class InterAgentBalancer:
                 after_source = self.load(queue.get(source, 0), slots[source] - 1)
                 if after_target < after_source:  # the move would invert the imbalance: it would flap back
                     continue
+                if adds_capacity is not None and not adds_capacity(source, target):
+                    continue
                 move = Move(now, source, target, loads[source], loads[target])
                 self.moves.append(move)
                 self._gained_at[target] = now
@@ -103,6 +115,13 @@ class InterAgentBalancer:
 
     def _cooling(self, last: dict[str, float], agent: str, now: float) -> bool:
         return agent in last and now - last[agent] < self.cooldown_s
+
+
+def adds_capacity(replicas: dict[str, list[Replica]], lanes: int, source: str, target: str) -> bool:
+    """Would one of ``source``'s idle slots sit where ``target`` holds fewer slots than the worker runs batches at
+    once (``lanes``)?"""
+    held = Counter(r.worker for r in replicas[target])
+    return any(not r.busy and held[r.worker] < lanes for r in replicas[source])
 
 
 def move_slot(replicas: dict[str, list[Replica]], move: Move, outstanding: dict[str, int]) -> Replica:

@@ -112,7 +112,7 @@ class Simulation:
                                 wl.max_batch_size * max(1, self.subreplicas[a])) for a in self.agents}
         balancer = InterAgentBalancer(
             wl.balance_threshold, wl.balance_cooldown_s,
-            min_slots=1 if len(rollout_slots) >= len(self.agents) else 0,
+            min_slots=1 if len(rollout_slots) >= len(self.agents) else 0, lanes=lanes,
         ) if m.load_balance else None
         self.sched = Scheduler(
             policy=policy, graph=preset.expanded, agents=shapes, queries_per_step=wl.queries_per_step,

@@ -173,3 +173,20 @@ def test_pipelined_training_cuts_generation_into_micro_batch_sized_batches(sched
     assert max(sizes) == largest and sum(sizes) == 16
     if largest == 4:  # both of the planner's replicas sampled
         assert len({t.worker for t in s.log if isinstance(t, Generate) and t.agent == "planner"}) == 2
+
+
+def test_a_moved_slot_adds_a_worker_never_a_second_slot_on_one_the_agent_already_holds(scheduler, script) -> None:
+    # The runtime's deal on 2 workers: planner on r0 and r1, solver on r1, judge on r0. The planner's two batches
+    # finish one after the other; its slot on r1 frees first, beside the solver's own. Moving that one would stack
+    # the solver twice on r1 (a worker runs one batch at a time), and leave r0 idle once its planner batch ends.
+    s = script(scheduler("flexmarl", steps=1, queries=4, group=2, batch_limit=4, balance=True))
+    s.turn()
+    planner = s.tasks(TaskKind.GENERATE, "planner")
+    assert sorted(t.worker for t in planner) == ["r0", "r1"]
+    s.finish(next(t for t in planner if t.worker == "r1"))
+    s.turn()
+    assert sorted(r.worker for r in s.s.replicas["solver"]) == ["r1"]  # r1's free planner slot adds nothing
+    s.finish(next(t for t in planner if t.worker == "r0"))
+    s.turn()
+    assert sorted(r.worker for r in s.s.replicas["solver"]) == ["r0", "r1"]
+    assert {t.worker for t in s.tasks(TaskKind.GENERATE, "solver")} == {"r0", "r1"}

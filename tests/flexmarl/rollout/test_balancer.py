@@ -59,3 +59,11 @@ def test_the_slot_that_moves_is_where_the_target_has_fewest_slots_then_least_out
     assert pick(["w0", "w1"], held=["w1"], outstanding={}) == 0
     assert pick(["w0", "w1"], held=[], outstanding={"w0": 64, "w1": 0}) == 1
     assert pick(["w0", "w1"], held=["w1", "w1"], outstanding={"w0": 64}) == 0
+
+
+def test_no_move_that_adds_no_worker_to_the_target():
+    b = InterAgentBalancer(threshold=1, cooldown_s=0.0)
+    queue, slots, idle = {"a": 0, "b": 50, "c": 0}, {"a": 2, "b": 1, "c": 2}, {"a": 1, "b": 0, "c": 1}
+    assert b.decide(0.0, queue, slots, idle, adds_capacity=lambda source, target: False) is None
+    move = b.decide(0.0, queue, slots, idle, adds_capacity=lambda source, target: source == "c")
+    assert (move.source, move.target) == ("c", "b")  # a's idle slot sits where b already has one

@@ -17,7 +17,7 @@ bench_app = typer.Typer(help="Run a benchmark and write its JSON report.", no_ar
 @bench_app.command("pipeline")
 def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for bench.json, timelines and report.md.")],
-    modes: Annotated[str, typer.Option(help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1.")] = "sync,flexmarl",
+    modes: Annotated[str, typer.Option(help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1,whole-batches.")] = "sync,flexmarl",
     steps: Annotated[int, typer.Option(help="Optimizer steps per agent and mode.")] = 3,
     workload: Annotated[str, typer.Option(help="Preset of the workload: fan_out (skewed), copy (learns), tiny, "
                                           "default (SmolLM2); or fan_out_smollm2 (the skewed fan-out with "

@@ -36,6 +36,8 @@ MODES: dict[str, list[str]] = {
     "no-lb": ["train.mode=flexmarl", "rollout.load_balance=false"],
     "no-pipeline": ["train.mode=flexmarl", "train.pipeline=false"],
     "stale1": ["train.mode=flexmarl", "train.max_staleness=1"],
+    # flexmarl without cutting generation into micro-batch-sized batches (``rollout.micro_batch_generation``)
+    "whole-batches": ["train.mode=flexmarl", "rollout.micro_batch_generation=false"],
 }
 
 SMOLLM2 = "smollm2-135m-instruct"

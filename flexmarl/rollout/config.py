@@ -74,8 +74,11 @@ class RolloutConfig(Strict):
     micro_batch_generation: bool = True
     """In the pipelined 'flexmarl' mode, generate at most one micro-batch (``training.micro_batch_size``) per
     batch: the step is spread over every replica of the agent, and its first micro-batch is committed and
-    trained while the rest is still generated. On a CPU a batch's time grows with its size, so little is
-    lost; on a GPU, where decoding is memory-bound, false keeps batches of ``max_batch_size``."""
+    trained while the rest is still generated. The cut costs generation work, since each decode step reads all
+    the weights whatever the batch (on this CPU a SmolLM2 planner batch of 16 costs 1.2x one of 8), and the
+    earlier start of training can pay for it; on the SmolLM2 fan-out the two ran level (docs/performance.md).
+    False keeps batches of ``max_batch_size``, as a GPU, where a decode step costs about the same at any batch,
+    may prefer."""
     sync_timeout_s: float = Field(300.0, gt=0)
     """Longest wait for a weight sync to one replica. Past it the replica counts as hung: its worker's nanny
     kills it and its engines are rebuilt elsewhere; a worker without a nanny fails the run, naming agent,

@@ -231,6 +231,7 @@ def calibrated_preset(
             "micro_batch_size": cfg.training.micro_batch_size, "max_batch_size": cfg.rollout.max_batch_size,
             "slots_per_worker": cfg.rollout.slots_per_worker, "balance_threshold": cfg.rollout.balance_threshold,
             "balance_cooldown_s": cfg.rollout.balance_cooldown_s, "batching": "static", "seed": cfg.train.seed,
+            "micro_batch_generation": cfg.rollout.micro_batch_generation,
         },
         "driver": {"task_overhead_s": TASK_OVERHEAD_S, "commit_s": COMMIT_S},
     }

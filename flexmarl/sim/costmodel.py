@@ -173,6 +173,9 @@ class WorkloadCost(Strict):
     """Disparity threshold of the inter-agent balancer (``rollout.balance_threshold``)."""
     balance_cooldown_s: float = Field(1.0, ge=0)
     """Hysteresis of the inter-agent balancer (``rollout.balance_cooldown_s``)."""
+    micro_batch_generation: bool = False
+    """Pipelined flexmarl cuts generation into micro-batch-sized batches (``rollout.micro_batch_generation``).
+    Off in the shipped presets: where decoding is memory-bound, small batches waste the device."""
     batching: Literal["continuous", "static"] = "continuous"
     """'continuous' (vLLM-like): finished sequences leave the batch, the rest decode faster; the batch's results
     return when its last sequence ends. 'static' (Hugging Face generate): every step decodes the whole batch

@@ -73,6 +73,8 @@ class Simulation:
         policy = policy or SchedulePolicy(
             mode=m.mode, steps=self.steps_target, pipeline=m.pipeline,
             max_staleness={a: m.max_staleness for a in self.agents},
+            micro_batch_generation=wl.micro_batch_generation if m.micro_batch_generation is None
+            else m.micro_batch_generation,
         )
         layout: Layout = (preset.cluster.sync_layout if m.baseline_layout and preset.cluster.sync_layout
                           else preset.cluster.layout)

@@ -17,16 +17,18 @@ class SimMode:
     pipeline: bool = True  # train.pipeline
     max_staleness: int = 0  # train.max_staleness
     load_balance: bool = True  # rollout.load_balance
+    micro_batch_generation: bool | None = None  # rollout.micro_batch_generation; None: the preset's
     baseline_layout: bool = False  # run on the preset's sync_layout (the MARTI-like colocated cluster)
 
 
-# The first five are flexmarl/bench/pipeline_bench.py's MODES (a test checks they agree).
+# The first six are flexmarl/bench/pipeline_bench.py's MODES (a test checks they agree).
 MODES: dict[str, SimMode] = {
     "sync": SimMode("sync", load_balance=False, baseline_layout=True),
     "flexmarl": SimMode("flexmarl"),
     "no-lb": SimMode("flexmarl", load_balance=False),
     "no-pipeline": SimMode("flexmarl", pipeline=False),
     "stale1": SimMode("flexmarl", max_staleness=1),
+    "whole-batches": SimMode("flexmarl", micro_batch_generation=False),
     # Beyond the benchmark's modes: the sync schedule (layered rollout, barrier, train all) on the flexmarl
     # layout, the nearest to the paper's "without the pipeline" ablation, whose training waits for the step.
     "sync-disagg": SimMode("sync"),

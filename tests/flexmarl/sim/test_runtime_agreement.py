@@ -15,6 +15,8 @@ def test_modes_are_the_benchmarks_modes() -> None:
         assert mode.pipeline == (settings.get("train.pipeline", "true") == "true")
         assert mode.max_staleness == int(settings.get("train.max_staleness", 0))
         assert mode.load_balance == (settings.get("rollout.load_balance", "true") == "true")
+        cut = settings.get("rollout.micro_batch_generation")  # unset: the workload's own setting
+        assert mode.micro_batch_generation == (None if cut is None else cut == "true")
 
 
 def test_the_simulator_and_the_runtime_drive_one_scheduler() -> None:

@@ -80,6 +80,14 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
                                                          saved["modes"]["flexmarl"]["rounds"], strict=True)]
     assert saved["speedup_vs_sync"]["flexmarl"]["min"] == pytest.approx(min(ratios))
     assert saved["speedup_vs_sync"]["sync"]["median"] == 1.0
+    # the speedup splits into how well the mode packs its work and what that work cost against sync's
+    gains = [f["efficiency"] / s["efficiency"] * s["bound_s"] / f["bound_s"]
+             for s, f in zip(saved["modes"]["sync"]["rounds"], saved["modes"]["flexmarl"]["rounds"], strict=True)]
+    assert gains == pytest.approx(ratios)
+    assert saved["schedule_gain_vs_sync"]["sync"]["median"] == saved["work_ratio_vs_sync"]["sync"]["median"] == 1.0
+    assert saved["schedule_gain_vs_sync"]["flexmarl"]["min"] == pytest.approx(
+        min(f["efficiency"] / s["efficiency"] for s, f in zip(saved["modes"]["sync"]["rounds"],
+                                                              saved["modes"]["flexmarl"]["rounds"], strict=True)))
     # a perfect schedule of a mode's own work is never slower than the mode
     for mode in ("sync", "flexmarl"):
         assert saved["bound_speedup_vs_sync"][mode]["min"] >= saved["speedup_vs_sync"][mode]["min"] - 1e-9

@@ -27,6 +27,7 @@ from flexmarl.config import PRESETS, ConfigError, RunConfig, load_config
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
 from flexmarl.report.timeline import draw_timeline
+from flexmarl.run.layout import CHECKPOINTS_DIR, STATE_DIR
 from flexmarl.training.state import tensor_bytes
 
 # Each mode is a set of overrides of the same workload.
@@ -258,6 +259,14 @@ def bench_pipeline(
     return report
 
 
+_VS_SYNC = {  # report key -> (sync's run, the mode's run of the same round) -> ratio
+    "speedup_vs_sync": lambda s, x: s["wall_s"] / x["wall_s"],
+    "bound_speedup_vs_sync": lambda s, x: s["wall_s"] / x["bound_s"],
+    "schedule_gain_vs_sync": lambda s, x: x["efficiency"] / s["efficiency"],
+    "work_ratio_vs_sync": lambda s, x: s["bound_s"] / x["bound_s"],
+}
+
+
 def _summarise(report: dict, rounds: dict[str, list[dict]], weights: dict[str, dict], out_dir: Path) -> None:
     """Medians and spreads over the rounds run so far, into ``report``; then write bench.json, report.md and
     rewards.png, so that a bench stopped in a later round keeps what the earlier ones measured."""
@@ -270,27 +279,14 @@ def _summarise(report: dict, rounds: dict[str, list[dict]], weights: dict[str, d
         report["modes"][mode]["wall_s_spread"] = spread([run["wall_s"] for run in runs])
         report["modes"][mode]["rounds"] = runs
     if "sync" in rounds:
-        report["speedup_vs_sync"] = {
-            m: spread([s["wall_s"] / x["wall_s"] for s, x in zip(rounds["sync"], runs, strict=True)])
-            for m, runs in rounds.items()
-        }
-        # what each mode's own work would allow under a perfect schedule: sync's wall time over its work bound
-        report["bound_speedup_vs_sync"] = {
-            m: spread([s["wall_s"] / x["bound_s"] for s, x in zip(rounds["sync"], runs, strict=True)])
-            for m, runs in rounds.items()
-        }
         # speedup = schedule gain x work ratio. The gain (efficiency over sync's) is how much better the mode
         # packs its own work; the ratio (sync's bound over the mode's) holds what its work cost, which moves with
         # the machine's pace as well as with batch sizes: the same training took up to 40% longer in one mode's
-        # run than in another's of the same round here
-        report["schedule_gain_vs_sync"] = {
-            m: spread([x["efficiency"] / s["efficiency"] for s, x in zip(rounds["sync"], runs, strict=True)])
-            for m, runs in rounds.items()
-        }
-        report["work_ratio_vs_sync"] = {
-            m: spread([s["bound_s"] / x["bound_s"] for s, x in zip(rounds["sync"], runs, strict=True)])
-            for m, runs in rounds.items()
-        }
+        # run than in another's of the same round here. bound_speedup is what the mode's own work would allow
+        # under a perfect schedule.
+        for key, ratio in _VS_SYNC.items():
+            report[key] = {m: spread([ratio(s, x) for s, x in zip(rounds["sync"], runs, strict=True)])
+                           for m, runs in rounds.items()}
     if "sync" in weights and "flexmarl" in weights:
         diff = max(
             float((weights["sync"][a][k] - weights["flexmarl"][a][k]).abs().max())
@@ -307,7 +303,12 @@ def _summarise(report: dict, rounds: dict[str, list[dict]], weights: dict[str, d
 
 def _run_once(cfg: RunConfig, run_dir: Path, address: str) -> tuple[PipelineResult, dict]:
     shutil.rmtree(run_dir, ignore_errors=True)  # every run of a mode starts afresh
-    return run_mode(cfg, run_dir, address)
+    result, weights = run_mode(cfg, run_dir, address)
+    # The final weights are in memory; a SmolLM2 team's states and checkpoints are 5 GB a mode, and four modes'
+    # of them filled this machine's disk mid-bench. The store, config and timeline stay for inspection.
+    for name in (STATE_DIR, CHECKPOINTS_DIR):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    return result, weights
 
 
 def _details(result: PipelineResult, steps: int, reward_threshold: float, out_dir: Path, mode: str) -> dict:

@@ -14,6 +14,7 @@ from flexmarl.cluster.config import ClusterConfig
 from flexmarl.config import ConfigError, load_config
 from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.orchestrator.records import PipelineResult, Span
+from flexmarl.run.layout import STATE_DIR, STORE_DIR
 
 
 def test_the_work_bound_spreads_the_work_over_workers_and_keeps_each_agents_training_serial() -> None:
@@ -99,6 +100,8 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
         assert sum(int(n) * row["batches"] for rows in batches.values() for n, row in rows.items()) == r["samples"]
     assert "efficiency" in (tmp_path / "report.md").read_text() and (tmp_path / "timeline_flexmarl.png").is_file()
     assert report["modes"]["flexmarl"]["per_agent"]
+    # a mode's training states are dropped once its weights are compared; its store stays for inspection
+    assert not (tmp_path / "flexmarl" / STATE_DIR).exists() and (tmp_path / "flexmarl" / STORE_DIR).is_dir()
 
 
 def test_the_real_model_fan_out_is_the_fan_out_preset_with_smollm2_agents() -> None:

@@ -127,9 +127,11 @@ class SchedulePolicy:
         return min(sorted(ready_since), key=ready_since.__getitem__)
 
     @staticmethod
-    def pick_replica(outstanding_tokens: dict[str, int]) -> str:
-        """Intra-agent balancing: the replica with the fewest outstanding tokens (ties: by name)."""
-        return min(sorted(outstanding_tokens), key=outstanding_tokens.__getitem__)
+    def pick_replica(load: dict[str, tuple[int, int]]) -> str:
+        """Intra-agent balancing: the replica whose worker has the least (other tasks queued, tokens of
+        generation outstanding); ties by name. A Dask worker runs one task at a time, so a batch sent to a
+        worker that trains waits for the training."""
+        return min(sorted(load), key=load.__getitem__)
 
 
 def micro_batch_of(query_index: int, samples_per_query: int, micro_batch_size: int) -> int:

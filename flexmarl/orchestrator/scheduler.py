@@ -274,8 +274,12 @@ class Scheduler(TrainingDispatch):
             nothing_for: set[int] = set()
             shape = self.shape[agent]
             while free and waiting:
-                # intra-agent balancing: the free slot whose worker has the fewest tokens outstanding
-                rep = free.pop(self.policy.pick_replica({k: self.outstanding_tokens[r.worker] for k, r in free.items()}))
+                # intra-agent balancing: a free slot on a worker with no other work queued, then the one whose
+                # worker has the fewest tokens outstanding
+                rep = free.pop(self.policy.pick_replica(
+                    {k: (self.inflight.holding(r.worker), self.outstanding_tokens[r.worker]) for k, r in free.items()}))
+                if self.inflight.holding(rep.worker) and self._generating_on_a_free_worker(agent):
+                    break  # the batch would wait for a training task; a replica that only generates frees first
                 version = self.engine_version[(agent, rep.worker)]
                 if version in nothing_for:
                     continue
@@ -296,6 +300,11 @@ class Scheduler(TrainingDispatch):
             if waiting and not any(not r.busy and self.engine_version[(agent, r.worker)] not in nothing_for
                                    for r in self.replicas[agent]):
                 self._stuck[agent] = (self.changed[agent], self.layer_progress)
+
+    def _generating_on_a_free_worker(self, agent: str) -> bool:
+        """Does a replica of ``agent`` generate on a worker with nothing else queued? It takes the next batch
+        when it is done, which is sooner than a worker busy training would start it."""
+        return any(r.busy and not self.inflight.holding(r.worker) for r in self.replicas[agent])
 
     def _eligible(self, agent: str, waiting: list[Request], version: int) -> list[int]:
         """Indices of the waiting requests a replica at ``version`` may take; the policy is asked once per

@@ -8,6 +8,7 @@ done by the executor at once (scoring, store commits) and are not tracked.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -236,14 +237,26 @@ class InFlight:
 
     def __init__(self) -> None:
         self._tasks: dict[int, Task] = {}
+        self._holding: Counter[str] = Counter()  # per worker: tasks other than generation on its task thread
 
     def add(self, task: Task) -> Task:
         self._tasks[id(task)] = task
+        if _holds_thread(task):
+            self._holding[task.worker] += 1
         return task
 
     def pop(self, task: Task) -> bool:
         """Stop tracking ``task``; False if it was not tracked (given up meanwhile)."""
-        return self._tasks.pop(id(task), None) is not None
+        if self._tasks.pop(id(task), None) is None:
+            return False
+        if _holds_thread(task):
+            self._holding[task.worker] -= 1
+        return True
+
+    def holding(self, worker: str) -> int:
+        """Tasks other than generation that ``worker`` runs or has queued (training, optimizer steps, syncs,
+        moves): a generation batch sent there waits for the running one."""
+        return self._holding[worker]
 
     def __contains__(self, task: Task) -> bool:
         return id(task) in self._tasks
@@ -257,6 +270,10 @@ class InFlight:
     def of(self, agent: str | None = None, *kinds: TaskKind, worker: str | None = None) -> list[Task]:
         return [t for t in self._tasks.values() if (agent is None or t.agent == agent)
                 and (not kinds or t.kind in kinds) and (worker is None or t.worker == worker)]
+
+
+def _holds_thread(task: Task) -> bool:
+    return task.kind is not TaskKind.GENERATE and not getattr(task, "background", False)
 
 
 def overdue(task: Task, sync_timeout_s: float, request_timeout_s: float) -> str:

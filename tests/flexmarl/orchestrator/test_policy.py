@@ -40,7 +40,8 @@ def test_when_a_micro_batch_may_train() -> None:
 
 
 def test_intra_agent_routing_and_request_order() -> None:
-    assert SchedulePolicy.pick_replica({"r1": 40, "r0": 10, "r2": 10}) == "r0"
+    assert SchedulePolicy.pick_replica({"r1": (0, 40), "r0": (0, 10), "r2": (0, 10)}) == "r0"
+    assert SchedulePolicy.pick_replica({"r0": (1, 0), "r1": (0, 40)}) == "r1"  # r0's worker trains
     waiting = [(2, "x"), (1, "b"), (1, "a"), (3, "c")]
     assert SchedulePolicy.pick_requests(waiting, 3) == [2, 1, 0]  # oldest step, then sample id
 

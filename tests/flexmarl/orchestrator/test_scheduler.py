@@ -190,3 +190,25 @@ def test_a_moved_slot_adds_a_worker_never_a_second_slot_on_one_the_agent_already
     s.turn()
     assert sorted(r.worker for r in s.s.replicas["solver"]) == ["r0", "r1"]
     assert {t.worker for t in s.tasks(TaskKind.GENERATE, "solver")} == {"r0", "r1"}
+
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_batch_queues_behind_training_while_a_replica_of_its_agent_only_generates(scheduler, script, seed) -> None:
+    # Colocated workers r0 and r1 (each rolls out and trains, one task at a time); every agent has a replica on
+    # each. A batch sent to a worker with training queued waits for it; the agent's replica that is generating on
+    # the other worker frees sooner, so the batch must wait for that one instead.
+    s = script(scheduler("flexmarl", steps=2, queries=6, group=2, micro=2, batch_limit=2, per_worker=3,
+                         micro_batch_generation=True, slots=("r0", "r1"), rollout=("r0", "r1")))
+    sched, emit, behind = s.s, s.s._emit, []
+
+    def checked(command: object) -> None:
+        if isinstance(command, Generate) and sched.inflight.holding(command.worker):
+            behind.append(command)
+            assert not any(r.busy and not sched.inflight.holding(r.worker)
+                           for r in sched.replicas[command.agent] if r is not command.replica), command
+        emit(command)
+
+    sched._emit = checked
+    s.run(seed)
+    assert behind  # batches still go to a training worker when no replica elsewhere would free first

@@ -354,7 +354,7 @@ class Scheduler(TrainingDispatch):
             # decide() reads these, where the idle slots are, and the clock only through past moves' cooldowns
             placement = tuple((r.agent, r.worker, r.busy) for reps in self.replicas.values() for r in reps)
             key = (tuple(queue_depth.values()), placement)
-            if key == self._balanced and not self._cooldown_ended_since(self._balanced_at, now):
+            if key == self._balanced and not self.balancer.cooldown_ended_between(self._balanced_at, now):
                 return
             move = self.balancer.decide(now, queue_depth, slots, idle, partial(adds_capacity, self.replicas, self.balancer.lanes))
             if move is None:
@@ -363,16 +363,6 @@ class Scheduler(TrainingDispatch):
             # the target's engine is resident on every rollout worker: the slot switches at once
             move_slot(self.replicas, move, self.outstanding_tokens)
             self.changed[move.target] += 1
-
-    def _cooldown_ended_since(self, since: float, now: float) -> bool:
-        cooldown = self.balancer.cooldown_s
-        for move in reversed(self.balancer.moves):  # in time order: stop at the first that ended before
-            end = move.at + cooldown
-            if end <= since:
-                return False
-            if end <= now:
-                return True
-        return False
 
     # ------------------------------------------------------------------ events in
 

@@ -113,6 +113,17 @@ class InterAgentBalancer:
         return min(range(len(idle_workers)),
                    key=lambda i: (held.count(idle_workers[i]), outstanding.get(idle_workers[i], 0), idle_workers[i]))
 
+    def cooldown_ended_between(self, since: float, now: float) -> bool:
+        """Did a past move's cooldown end in (since, now]? Then its agents may move again, so an answer given at
+        ``since`` may no longer hold."""
+        for move in reversed(self.moves):  # in time order: stop at the first that ended before
+            end = move.at + self.cooldown_s
+            if end <= since:
+                return False
+            if end <= now:
+                return True
+        return False
+
     def _cooling(self, last: dict[str, float], agent: str, now: float) -> bool:
         return agent in last and now - last[agent] < self.cooldown_s
 

@@ -192,7 +192,6 @@ def test_a_moved_slot_adds_a_worker_never_a_second_slot_on_one_the_agent_already
     assert {t.worker for t in s.tasks(TaskKind.GENERATE, "solver")} == {"r0", "r1"}
 
 
-
 @pytest.mark.parametrize("seed", range(4))
 def test_no_batch_queues_behind_training_while_a_replica_of_its_agent_only_generates(scheduler, script, seed) -> None:
     # Colocated workers r0 and r1 (each rolls out and trains, one task at a time); every agent has a replica on

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import gc
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +33,27 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def parse_module() -> Callable[[Path], ast.Module]:
+    """``ast.parse`` of a source file with the garbage collector held off.
+
+    Python 3.11's AST constructor keeps its recursion depth in interpreter-wide state. A finalizer that runs
+    during the parse and parses too (asyncio logging a Dask gather task's unretrieved ``AllExit``: 3.11's
+    traceback formatting calls ``ast.parse``) corrupts it: ``SystemError: AST constructor recursion depth
+    mismatch`` (CPython gh-106905). CI failed on that at stop 29.
+    """
+
+    def parse(path: Path) -> ast.Module:
+        gc.collect()
+        gc.disable()
+        try:
+            return ast.parse(path.read_text())
+        finally:
+            gc.enable()
+
+    return parse
 
 
 @pytest.fixture(scope="session")

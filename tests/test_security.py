@@ -41,11 +41,11 @@ def test_the_runs_own_prefect_server_listens_on_loopback_only() -> None:
 
 
 @pytest.mark.parametrize("layer", ["flexmarl", "storage", "tasks", "flows", "deployments"])
-def test_no_module_unpickles(layer: str) -> None:
+def test_no_module_unpickles(layer: str, parse_module) -> None:
     """Nothing imports a pickle library or calls torch.load: store data is Arrow, states are safetensors."""
     found = []
     for path in (ROOT / layer).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_module(path)):
             if isinstance(node, ast.Import):
                 found += [f"{path.name}: import {a.name}" for a in node.names if a.name.split(".")[0] in PICKLERS]
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PICKLERS:

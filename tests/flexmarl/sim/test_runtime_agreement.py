@@ -19,7 +19,7 @@ def test_modes_are_the_benchmarks_modes() -> None:
         assert mode.micro_batch_generation == (None if cut is None else cut == "true")
 
 
-def test_the_simulator_and_the_runtime_drive_one_scheduler() -> None:
+def test_the_simulator_and_the_runtime_drive_one_scheduler(parse_module) -> None:
     import ast
     from pathlib import Path
 
@@ -32,7 +32,7 @@ def test_the_simulator_and_the_runtime_drive_one_scheduler() -> None:
     # no scheduling state is defined a second time anywhere in the package
     defined: dict[str, list[str]] = {}
     for path in Path(flexmarl.__file__).parent.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_module(path)):
             if isinstance(node, ast.ClassDef):
                 defined.setdefault(node.name, []).append(str(path))
     for name in ("MicroBatch", "StepState", "Scheduler", "InFlight"):

@@ -273,7 +273,9 @@ class InFlight:
 
 
 def _holds_thread(task: Task) -> bool:
-    return task.kind is not TaskKind.GENERATE and not getattr(task, "background", False)
+    """Does ``task`` occupy its worker's task thread? Generation batches are counted apart (outstanding tokens);
+    a background snapshot returns once its state is in host memory."""
+    return task.kind is not TaskKind.GENERATE and not (isinstance(task, Snapshot) and task.background)
 
 
 def overdue(task: Task, sync_timeout_s: float, request_timeout_s: float) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import dask
 from distributed import Client, Future, LocalCluster
 from distributed.comm import connect as comm_connect, parse_address, parse_host_port
 
@@ -31,6 +32,13 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# A LocalCluster hard-closes the nanny of a worker that has not re-registered 15 s (Dask's default) after it was
+# lost, even while that nanny is restarting it: a restart slower than that on a busy machine (spawn, import torch)
+# lost the worker for good ("Worker process still alive after 4.0 seconds, killing", then no worker; issue 31).
+# A nanny that cannot start its worker closes itself, and a run waits for workers only cluster.connect_timeout_s.
+LOST_WORKER_TIMEOUT = "1h"
+
+
 @contextmanager
 def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> Iterator[str]:
     """Yield a scheduler address: ``cfg.address`` after checking that it answers, or a LocalCluster's.
@@ -46,6 +54,13 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
         with _foreign_workers(cfg, env) as address:
             yield address
         return
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
+        with _local_cluster(cfg, env) as cluster:
+            yield cluster.scheduler_address
+
+
+@contextmanager
+def _local_cluster(cfg: ClusterConfig, env: dict[str, str] | None) -> Iterator[LocalCluster]:
     try:
         cluster = LocalCluster(
             n_workers=cfg.n_workers,
@@ -64,7 +79,7 @@ def open_cluster(cfg: ClusterConfig, *, env: dict[str, str] | None = None) -> It
     # the scheduler lives in this process: its per-connection INFO lines would drown the run's progress
     logging.getLogger("distributed").setLevel(logging.WARNING)
     try:
-        yield cluster.scheduler_address
+        yield cluster
     finally:
         _close_workers(cluster, WORKER_EXIT_S)
         cluster.close()

@@ -97,15 +97,19 @@ def kill_at_commit(pid: int, store: ExperienceStore, agents: Sequence[str], comm
     while time.time() < deadline:
         if not _running(pid):
             raise RuntimeError(f"process {pid} ended before it was to be killed (at {commits} sample commits)")
-        try:
-            done = sum(store.version(store.samples_table(a)) for a in agents)
-        except Exception:  # noqa: BLE001 - the tables may not exist yet
-            done = 0
-        if done >= commits and also():
+        if sample_commits(store, agents) >= commits and also():
             os.kill(pid, signal.SIGKILL)
             return time.time()
         time.sleep(0.05)
     raise TimeoutError(f"the driver did not reach {commits} sample commits within {timeout_s:.0f}s")
+
+
+def sample_commits(store: ExperienceStore, agents: Sequence[str]) -> int:
+    """How many micro-batch commits the agents' sample tables hold in all (0 before the tables exist)."""
+    try:
+        return sum(store.version(store.samples_table(a)) for a in agents)
+    except Exception:  # noqa: BLE001 - the tables may not exist yet
+        return 0
 
 
 def _running(pid: int) -> bool:

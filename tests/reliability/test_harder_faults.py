@@ -8,18 +8,19 @@ replay of the run's own store from version 0 (``training/replay.py``).
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import logging
 import subprocess
 import sys
-import threading
-import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
 
-from flexmarl.bench.chaos_bench import WEIGHT_TOLERANCE, WorkerFault, all_of, kill_driver, max_weight_diff, train
+from flexmarl.bench.chaos_bench import (
+    WEIGHT_TOLERANCE, WorkerFault, all_of, kill_driver, max_weight_diff, sample_commits, train,
+)
 from flexmarl.cluster.local import connect
 from flexmarl.config import RunConfig
 from flexmarl.models.loading import resolve_model
@@ -31,6 +32,9 @@ from flexmarl.training.state import META, WEIGHTS
 from flexmarl.training.trainer import AgentTrainer
 from storage.store import ExperienceStore
 from storage.verify import verify_store
+
+from .conftest import RESTART_WAIT_S
+from .small_disk import Filler, SmallDisk, mounted_small_disk
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +69,7 @@ def test_two_worker_faults_in_one_run_are_both_recovered_exactly(
     tmp_path: Path, address: str, tiny_config, assert_exact
 ) -> None:
     cfg = tiny_config()
-    with connect(address, timeout_s=60, n_workers=2) as client:  # the previous test's restarts are done
+    with connect(address, timeout_s=RESTART_WAIT_S, n_workers=2) as client:
         faults = [WorkerFault(client, "generate", nth=2), WorkerFault(client, "train", nth=3)]
         result, weights = train(cfg, tmp_path / "run", address, on_submit=all_of(faults))
         assert all(f.fired.wait(10) for f in faults), [f.at for f in faults]
@@ -79,15 +83,13 @@ def test_three_faults_two_workers_then_the_driver_killed_resume_exactly(
 ) -> None:
     cfg = tiny_config()
     run_dir, fired = tmp_path / "run", tmp_path / "fired.log"
-    with connect(address, timeout_s=60, n_workers=2):
-        pass  # the previous test's restarts are done
     # 8 sample commits make the run: the workers die early, the driver after the 5th commit (step 1) once both
     # worker faults fired
     kill_driver(cfg, run_dir, address, 5, faults=[("generate", 2), ("train", 2)], fired_log=fired)
     assert len(fired.read_text().splitlines()) == 2
     assert ExperienceStore(run_dir / "store").policy_version("verifier") < cfg.train.steps  # it died mid-run
-    with connect(address, timeout_s=60, n_workers=2):
-        pass
+    with connect(address, timeout_s=RESTART_WAIT_S, n_workers=2):
+        pass  # the nannies restarted the two workers the driver killed
     result, weights = resume(run_dir, address)
     assert result.samples_reused > 0
     assert_exact(run_dir, cfg, weights)
@@ -141,56 +143,72 @@ def test_a_damaged_newest_snapshot_is_rebuilt_from_the_one_before_and_the_store(
     assert_exact(run_dir, cfg, final)
 
 
-def fill_at_commit(ballast: Path, store: ExperienceStore, agents: list[str], commits: int) -> None:
-    """Once the agents' sample tables hold ``commits`` commits, fill the disk under ``ballast`` to the last byte."""
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        try:
-            if sum(store.version(store.samples_table(a)) for a in agents) >= commits:
-                break
-        except Exception:  # noqa: BLE001 - the tables may not exist yet
-            pass
-        time.sleep(0.05)
-    with ballast.open("wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 16))
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A tmpfs of ``DISK_BYTES`` (a real ENOSPC when it fills), unmounted afterwards; then nothing may be left
+    under its mount point on the real disk."""
+    stack = contextlib.ExitStack()
+    try:
+        disk = stack.enter_context(mounted_small_disk(tmp_path / "disk"))
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    with stack:
+        yield disk
+    assert not any(disk.path.iterdir()), f"written outside the tmpfs: {sorted(disk.path.iterdir())}"
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 64 MB tmpfs (real ENOSPC when it fills), unmounted afterwards."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+def fill_at_commit(small_disk: SmallDisk) -> Iterator[Callable[[ExperienceStore, list[str], int], Filler]]:
+    """``fill_at_commit(store, agents, commits)``: fill the test's disk once the agents' sample tables hold
+    ``commits`` commits. Every filler is stopped and joined before the disk is unmounted."""
+    fillers: list[Filler] = []
+
+    def start(store: ExperienceStore, agents: list[str], commits: int) -> Filler:
+        fillers.append(Filler(small_disk, lambda: sample_commits(store, agents) >= commits, deadline_s=600).start())
+        return fillers[-1]
+
+    yield start
+    for filler in fillers:
+        filler.stop()
 
 
 def test_a_disk_that_fills_up_mid_run_loses_nothing_committed_and_the_run_resumes(
-    small_disk: Path, address: str, tiny_config, assert_exact
+    small_disk: SmallDisk, fill_at_commit, address: str, tiny_config, assert_exact
 ) -> None:
     cfg = tiny_config()
-    run_dir, ballast = small_disk / "run", small_disk / "ballast"
+    run_dir = small_disk.path / "run"
     store = ExperienceStore(run_dir / "store")
-    filler = threading.Thread(target=fill_at_commit, args=(ballast, store, list(cfg.agents), 3), daemon=True)
-    filler.start()
+    filler = fill_at_commit(store, list(cfg.agents), 3)
     with pytest.raises(Exception) as failed:  # noqa: PT011 - whichever write hits the full disk first
         train(cfg, run_dir, address)
-    filler.join(timeout=60)
+    filler.stop()
+    assert filler.error is None and filler.full.is_set(), filler.error
     assert "No space left on device" in f"{failed.value!r} {failed.value.__cause__!r}", failed.value
     committed = {a: set(store.read_samples(a, columns=["sample_id"])["sample_id"].to_pylist()) for a in cfg.agents}
     assert sum(map(len, committed.values())) > 0
     assert verify_store(store) == []  # what was committed before the disk filled is whole
-    ballast.unlink()  # the user frees space, then resumes
+    filler.ballast.unlink()  # the user frees space, then resumes
     _, weights = resume(run_dir, address)
     for agent, ids in committed.items():
         assert ids <= set(store.read_samples(agent, columns=["sample_id"])["sample_id"].to_pylist())
     assert_exact(run_dir, cfg, weights)
+
+
+def test_a_run_that_fails_before_the_filler_s_cue_leaves_every_disk_untouched(
+    small_disk: SmallDisk, fill_at_commit, address: str, tiny_config
+) -> None:
+    """The filler waits for the third commit; the run fails on purpose before it. Nothing may be written: not on
+    the tmpfs, and (``small_disk``'s teardown) not under its mount point once it is unmounted."""
+    cfg = tiny_config()
+    store = ExperienceStore(small_disk.path / "run" / "store")
+    filler = fill_at_commit(store, list(cfg.agents), 3)
+
+    def fail_at_first_training(kind: str, agent: str, worker: str) -> None:  # noqa: ARG001
+        if kind == "train":
+            raise RuntimeError("made to fail before the third commit")
+
+    with pytest.raises(RuntimeError, match="made to fail before the third commit"):
+        train(cfg, small_disk.path / "run", address, on_submit=fail_at_first_training)
+    assert sample_commits(store, list(cfg.agents)) < 3
+    filler.stop()
+    assert filler.error is None and filler.written == 0 and not filler.ballast.exists()

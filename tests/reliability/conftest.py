@@ -1,4 +1,4 @@
-"""Shared by the reliability tests: one cluster, and the weights of an uninterrupted run to compare against.
+"""Shared by the reliability tests: a cluster for each test, and the weights of an uninterrupted run to compare with.
 
 Every test here is a real tiny run (2 steps) hit by a real fault: a worker process SIGKILLed or SIGSTOPped,
 a driver process SIGKILLed, a flow attempt failing. After it, the store must verify, every planned prompt
@@ -39,27 +39,31 @@ def settings() -> list[str]:
     return list(SETTINGS)
 
 
-RESTART_WAIT_S = 180
-"""How long a test waits for the package's cluster to have both workers again: a nanny restarts a killed
-worker in seconds when alone, but in the full suite's order it has taken over 60 s."""
-
-
 @pytest.fixture(scope="package")
 def tiny_config():
     """``tiny(*overrides)``: the tiny preset with the reliability tests' settings (short fault detection)."""
     return tiny
 
 
-@pytest.fixture(scope="package")
+RESTART_WAIT_S = 180
+"""How long a test waits for its cluster's nannies to restart the workers it killed: seconds on an idle machine,
+and a bound, not a speed target, on a busy one."""
+
+
+@pytest.fixture
 def address():
+    """A cluster of the test's own. Every test here kills or freezes workers: on a shared cluster a nanny whose
+    restart went wrong failed every later test of the package (issue 31), so no test depends on another's."""
     with open_cluster(ClusterConfig(n_workers=2)) as addr:
         yield addr
 
 
 @pytest.fixture(scope="package")
-def reference(address: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
     """Every agent's final weights after an uninterrupted run of the same config and seed."""
-    _, weights = train(tiny(), tmp_path_factory.mktemp("reference") / "run", address)
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    with open_cluster(ClusterConfig(n_workers=2)) as address:
+        _, weights = train(tiny(), run_dir, address)
     return weights
 
 

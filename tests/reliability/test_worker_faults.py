@@ -15,20 +15,10 @@ from pathlib import Path
 import pytest
 
 from flexmarl.bench.chaos_bench import WorkerFault
-from flexmarl.cluster.config import ClusterConfig
-from flexmarl.cluster.local import connect, open_cluster
+from flexmarl.cluster.local import connect
 from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
 
 from .conftest import RESTART_WAIT_S
-
-
-@pytest.fixture
-def own_address():
-    """A fresh cluster for each test: every test here kills or freezes a worker, and in the full suite's order a
-    nanny's restart after the previous test's kill once took over RESTART_WAIT_S (CI, stop 26), failing the
-    tests after it. No test should depend on another's restart."""
-    with open_cluster(ClusterConfig(n_workers=2)) as addr:
-        yield addr
 
 
 def run_with_fault(cfg, run_dir: Path, address: str, fault: WorkerFault):
@@ -59,11 +49,11 @@ def recovery_of(result, worker: str):
 
 
 def test_a_worker_killed_during_rollout_is_replaced_and_the_run_is_exact(
-    tmp_path: Path, own_address: str, tiny_config, assert_exact
+    tmp_path: Path, address: str, tiny_config, assert_exact
 ) -> None:
     cfg = tiny_config()
     fault = WorkerFault(None, "generate", nth=3)
-    result, weights, _ = run_with_fault(cfg, tmp_path / "run", own_address, fault)
+    result, weights, _ = run_with_fault(cfg, tmp_path / "run", address, fault)
     recovery = recovery_of(result, fault.worker)
     assert recovery.cause == "lost"
     # the killed worker's batches were generated again: more outputs generated than the run plans
@@ -73,11 +63,11 @@ def test_a_worker_killed_during_rollout_is_replaced_and_the_run_is_exact(
 
 
 def test_a_worker_killed_during_a_training_micro_batch_retrains_the_step_exactly(
-    tmp_path: Path, own_address: str, tiny_config, assert_exact
+    tmp_path: Path, address: str, tiny_config, assert_exact
 ) -> None:
     cfg = tiny_config()
     fault = WorkerFault(None, "train", nth=2)
-    result, weights, trainers = run_with_fault(cfg, tmp_path / "run", own_address, fault)
+    result, weights, trainers = run_with_fault(cfg, tmp_path / "run", address, fault)
     recovery_of(result, fault.worker)
     # the trainer that lived on the killed worker was rebuilt elsewhere, from its snapshot
     assert fault.worker not in trainers.values()
@@ -86,14 +76,14 @@ def test_a_worker_killed_during_a_training_micro_batch_retrains_the_step_exactly
 
 @pytest.mark.parametrize("detected_by", ["heartbeat", "request_timeout"])
 def test_a_replica_that_stops_answering_is_replaced(
-    tmp_path: Path, own_address: str, tiny_config, assert_exact, detected_by: str
+    tmp_path: Path, address: str, tiny_config, assert_exact, detected_by: str
 ) -> None:
     # SIGSTOP freezes the worker process: its tasks never finish and it stops heartbeating
     settings = (["cluster.heartbeat_timeout_s=15"] if detected_by == "heartbeat"
                 else ["rollout.request_timeout_s=30"])
     cfg = tiny_config(*settings)
     fault = WorkerFault(None, "generate", nth=2, sig=signal.SIGSTOP)
-    result, weights, _ = run_with_fault(cfg, tmp_path / "run", own_address, fault)
+    result, weights, _ = run_with_fault(cfg, tmp_path / "run", address, fault)
     recovery = recovery_of(result, fault.worker)
     # when the signal lands just after the batch finished, the worker is found holding its value unanswered
     expected = (["cluster.heartbeat_timeout_s"] if detected_by == "heartbeat"

@@ -1,10 +1,12 @@
-"""Shared fixtures: hermetic model cache, one torch thread, one Prefect test API per session."""
+"""Shared fixtures: a home and model cache of the session's own, one torch thread, one Prefect test API."""
 
 from __future__ import annotations
 
 import ast
 import gc
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,30 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # its teleme
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(1)
+
+
+HOME = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the session a home of its own, before anything reads one: no test reads or writes the user's home
+    (Prefect's profile and database, Hugging Face's and matplotlib's caches, vLLM's), and none talks to the user's
+    Prefect server. Subprocesses inherit it."""
+    home = Path(tempfile.mkdtemp(prefix="flexmarl-test-home-"))
+    config.stash[HOME] = home
+    os.environ.update({
+        "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"), "MPLCONFIGDIR": str(home / ".config" / "matplotlib"),
+        "HF_HOME": str(home / ".cache" / "huggingface"), "PREFECT_HOME": str(home / ".prefect"),
+    })
+    for key in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE"):
+        os.environ.pop(key, None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -81,7 +81,9 @@ def test_plan_without_gsm8k_scores_the_preset_dataset_under_another_seed(tmp_pat
 
 
 def test_held_out_tasks_refuse_the_run_s_own_training_file(tmp_path: Path) -> None:
-    data = load_config(preset="tiny", overrides=[f"data.path={GSM8K_DIR / 'train.jsonl'}"]).data
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}) + "\n")
+    data = load_config(preset="tiny", overrides=[f"data.path={train}"]).data
     with pytest.raises(ValueError, match="not held out"):
         held_out_tasks(data, 4)
 

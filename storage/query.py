@@ -15,9 +15,9 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.predicate import parse_where
 from storage.schema import SAMPLE_SCHEMA
 from storage.store import EPISODES, ExperienceStore, StoreError
+from storage.where import select_where
 
 ORDER = [("step", "ascending"), ("episode_id", "ascending"), ("turn", "ascending")]
 
@@ -31,7 +31,7 @@ def query_samples(
     limit: int | None = None,
     version: int | None = None,
 ) -> pa.Table:
-    """``agent``'s samples that match ``where`` (see ``storage.predicate``), ordered by step, episode and turn.
+    """``agent``'s samples that match ``where`` (see ``storage.where``), ordered by step, episode and turn.
 
     Args:
         store: the store to read.
@@ -43,19 +43,14 @@ def query_samples(
 
     Raises:
         StoreError: the agent has no sample table (the message lists the agents that have one).
-        PredicateError: ``where`` does not parse or names a column the table lacks.
+        FilterError: ``where`` is not one condition over the table's scalar columns.
     """
     if agent not in store.agents():
         raise StoreError(f"no agent {agent!r} in {store.root}; agents: {', '.join(store.agents()) or 'none'}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    flt = parse_where(where, SAMPLE_SCHEMA) if where is not None else None
-    prune = None
-    if policy_version is not None:
-        by_version = pc.field("policy_version") == policy_version
-        flt = by_version if flt is None else flt & by_version
-        prune = [("policy_version", "=", policy_version)]
-    rows = store.read(store.samples_table(agent), version=version, filter=flt, prune=prune)
+    also = None if policy_version is None else f"policy_version = {int(policy_version)}"
+    rows = select_where(store.open(store.samples_table(agent), version=version), where, SAMPLE_SCHEMA, also=also)
     rows = rows.sort_by(ORDER)
     return rows if limit is None else rows.slice(0, limit)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from storage.predicate import PredicateError
 from storage.query import episode_record, episode_samples, query_samples
 from storage.store import ExperienceStore, StoreError
+from storage.where import FilterError
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_query_filters_by_where_and_version_in_step_episode_order(filled: Experi
 def test_query_refuses_an_unknown_agent_and_a_bad_filter(filled: ExperienceStore) -> None:
     with pytest.raises(StoreError, match="no agent 'planner'.*agents: solver, verifier"):
         query_samples(filled, "planner")
-    with pytest.raises(PredicateError, match="unknown column 'score'"):
+    with pytest.raises(FilterError, match="unknown column 'score'"):
         query_samples(filled, "solver", where="score > 0")
 
 

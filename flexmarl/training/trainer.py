@@ -428,9 +428,11 @@ class AgentTrainer:
     def close(self) -> None:
         """Let go of the model and optimizer: the shared Accelerator keeps every object it prepared, so a
         trainer dropped from a worker (its agent moved away, or the run ended) would otherwise stay in memory."""
-        accelerator = self.accelerator
-        accelerator._models = [m for m in accelerator._models if m is not self.model]
-        accelerator._optimizers = [o for o in accelerator._optimizers if o is not self.optimizer]
+        # Accelerate can only forget all it prepared (free_memory), not one trainer's objects. Forgetting the
+        # worker's other trainers' is harmless: on one device, what they call (backward, clip_grad_norm_,
+        # autocast, unwrap_model) never reads those lists; only save_state/load_state, fp16 loss scaling and
+        # FSDP/DeepSpeed/XLA do, and FlexMARL uses none of them.
+        self.accelerator.free_memory()
         if self.host is not None:
             self.host.remove(self.adapter)
 

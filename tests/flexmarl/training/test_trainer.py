@@ -273,13 +273,20 @@ def test_kl_to_the_frozen_reference_starts_at_zero(tiny_dir, adapter) -> None:
     assert trainer.accumulate(make_batch(tiny_dir, [1.0, -1.0]))["kl"] > 0  # the weights moved away
 
 
-def test_a_closed_trainer_leaves_nothing_in_the_shared_accelerator(tiny_dir) -> None:
+@pytest.mark.parametrize("adapter", [None, {"r": 4, "alpha": 8}], ids=["full-model", "lora-adapter"])
+def test_a_closed_trainer_is_freed_while_the_workers_other_trainer_trains_on(tiny_dir, adapter) -> None:
     import gc
     import weakref
 
-    trainer = AgentTrainer("a", tiny_dir, TrainerConfig(), temperature=1.0)
-    model, weight = weakref.ref(trainer.model), weakref.ref(next(trainer.model.parameters()))
+    config = TrainerConfig(lr=1e-2, adapter=adapter)
+    other = AgentTrainer("b", tiny_dir, config, temperature=1.0)  # prepared with the same process Accelerator
+    trainer = AgentTrainer("a", tiny_dir, config, temperature=1.0)
+    trainer.train_step(make_batch(tiny_dir, [1.0, -1.0]))  # Adam moments exist
+    held = [weakref.ref(o) for o in (trainer.model, trainer.optimizer, next(iter(trainer.params.values())))]
     trainer.close()
     del trainer
     gc.collect()
-    assert model() is None and weight() is None  # accelerate held both until close
+    assert [ref() for ref in held] == [None] * 3  # the shared Accelerator held them until close
+    before = params(other)
+    assert not other.train_step(make_batch(tiny_dir, [1.0, -1.0])).skipped
+    assert any(not torch.equal(before[k], v) for k, v in params(other).items())

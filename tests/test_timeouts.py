@@ -18,6 +18,8 @@ from distributed import Client, LocalCluster
 from flexmarl.config import load_config
 from flexmarl.orchestrator.runtime import Runtime
 
+pytestmark = pytest.mark.cluster  # a threads LocalCluster each
+
 SMALL = ["train.steps=1", "train.queries_per_step=2", "train.group_size=2", "training.micro_batch_size=4"]
 
 

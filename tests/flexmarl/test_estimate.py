@@ -28,6 +28,7 @@ def test_a_model_without_measured_costs_gets_no_estimate(tmp_path, tiny_dir) -> 
     assert "no time estimate" in describe_estimate(cfg)
 
 
+@pytest.mark.cluster  # the default preset's SmolLM2 tokenizer: the model is built from its GGUF file first (~20 s)
 def test_states_written_every_k_updates_cost_a_kth_of_the_writes() -> None:
     est = {k: estimate_run_s(load_config(preset="default", overrides=[f"train.snapshot_every={k}"])) for k in (1, 4)}
     none = estimate_run_s(load_config(preset="default", overrides=["train.save_state=false"]))

@@ -8,11 +8,14 @@ import time
 from pathlib import Path
 
 import dask
+import pytest
 from distributed import Client
 from distributed.system import MEMORY_LIMIT
 
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
+
+pytestmark = pytest.mark.cluster
 
 
 def test_the_auto_memory_limit_shares_the_machine_between_the_workers_not_between_the_cores() -> None:

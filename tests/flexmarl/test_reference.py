@@ -20,6 +20,7 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float((a[x][k] - b[x][k]).abs().max()) for x in a for k in a[x])
 
 
+@pytest.mark.cluster
 def test_the_pipelined_schedule_trains_the_weights_of_the_plain_synchronous_loop(tmp_path: Path) -> None:
     cfg = load_config(preset="fan_out", overrides=[*SMALL, *MODES["flexmarl"]])
     with open_cluster(ClusterConfig(n_workers=2)) as address:
@@ -37,6 +38,7 @@ def test_the_reference_refuses_stale_samples() -> None:
         reference_run(load_config(preset="tiny", overrides=["train.max_staleness=1"]))
 
 
+@pytest.mark.cluster
 def test_adapter_agents_train_in_the_pipeline_the_adapters_of_the_plain_synchronous_loop(tmp_path: Path) -> None:
     # every agent of the fan-out graph a LoRA adapter; the planner and the solvers share the tiny model's base
     adapters = [f"agents.{a}.adapter={{r: 4, alpha: 8}}" for a in ("planner", "solver", "aggregator")]

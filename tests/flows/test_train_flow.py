@@ -10,6 +10,9 @@ import torch
 from deltalake import DeltaTable
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from flexmarl.config import load_config
+from flexmarl.models.loading import load_model, resolve_model
+from flexmarl.training.snapshots import SNAPSHOTS, load_weights, snapshot_uri
 from flows.train import train_run
 
 STEPS, QUERIES, GROUP = 2, 2, 4
@@ -28,6 +31,7 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
     assert list(report["driver_busy_by_step"]) == [str(s) for s in range(STEPS)]
     assert all(0 < share < 1 for share in report["driver_busy_by_step"].values())
     updates = DeltaTable(str(run_dir / "store" / "updates")).to_pyarrow_table()
+    trained: dict[str, dict[str, torch.Tensor]] = {}
     for agent, a in report["agents"].items():
         assert a["policy_version"] == STEPS and a["updates"] == STEPS
         assert len(a["mean_reward"]) == STEPS
@@ -53,12 +57,20 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
                 input_id, _, traj = sid.rsplit("_", 2)
                 assert parents == [f"{input_id}_0_{traj}"]
 
-        # the final checkpoint is a loadable Hugging Face model that differs from nothing we did not train
+        # the final checkpoint is a loadable Hugging Face model (and tokenizer) holding exactly the weights the run
+        # trained: those of the agent's training-state snapshot at v{STEPS}, which a resume would continue from
         ckpt = run_dir / "checkpoints" / agent / f"v{STEPS}"
         model = AutoModelForCausalLM.from_pretrained(ckpt)
-        tok = AutoTokenizer.from_pretrained(ckpt)
-        out = model.generate(torch.tensor([tok("1+1=")["input_ids"]]), max_new_tokens=3, do_sample=False)
-        assert out.shape[1] > 4
+        assert len(AutoTokenizer.from_pretrained(ckpt)) <= model.get_input_embeddings().weight.shape[0]
+        saved = model.state_dict()
+        trained[agent] = load_weights(snapshot_uri(str(run_dir / "state" / SNAPSHOTS), agent, STEPS))
+        assert trained[agent].keys() == saved.keys()
+        assert all(torch.equal(saved[k], v) for k, v in trained[agent].items())
+
+    # and they are not the weights it started from: the tiny solver rarely earns a reward, the verifier does
+    cfg = load_config(run_dir / "config.yaml")
+    initial = load_model(resolve_model(cfg.agents["verifier"].model, seed=cfg.train.seed)).state_dict()
+    assert any(not torch.equal(v, initial[k]) for k, v in trained["verifier"].items())
 
     episodes = DeltaTable(str(run_dir / "store" / "episodes")).to_pyarrow_table()
     assert episodes.num_rows == STEPS * QUERIES * GROUP

@@ -3,10 +3,13 @@ bytes of full-model agents (memory is reported, not asserted: on the tiny model 
 
 from __future__ import annotations
 
+import pytest
+
 from flexmarl.bench.adapter_bench import bench_adapters
 from flexmarl.models.adapter_config import AdapterConfig
 
 
+@pytest.mark.cluster  # worker processes that each build and train every agent
 def test_adapter_agents_sync_and_swap_a_fraction_of_the_bytes_of_full_model_agents(model_cache) -> None:
     report = bench_adapters("tiny", [2], AdapterConfig(r=4, alpha=8), log=lambda _: None)
     assert {(r["kind"], r["agents"]) for r in report["runs"]} == {("full", 2), ("lora", 2)}

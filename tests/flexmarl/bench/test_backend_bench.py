@@ -31,6 +31,7 @@ def test_an_unknown_backend_is_refused(model_cache) -> None:
         backend_throughput("sglang", "tiny")
 
 
+@pytest.mark.cluster  # a throughput benchmark of the model, and of its roofline (seconds)
 @pytest.mark.skipif(vllm_installed(), reason="checks the report where vllm is missing")
 def test_without_a_vllm_environment_vllm_is_reported_unavailable(model_cache, tmp_path: Path) -> None:
     report = compare_backends("tiny", batch=2, new_tokens=4, vllm_python=tmp_path / "missing" / "python")

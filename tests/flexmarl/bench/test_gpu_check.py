@@ -11,6 +11,9 @@ import pytest
 from flexmarl.bench import gpu_check
 from flexmarl.models.loading import resolve_model
 
+# SmolLM2 and Qwen2-sized models: its fixture alone converts SmolLM2 (~15 s), and the full check trains on a cluster
+pytestmark = pytest.mark.cluster
+
 MODELS = ("smollm2-135m", "qwen2-0.5b")
 
 

@@ -39,6 +39,7 @@ def test_generation_is_split_by_agent_and_batch_size_from_the_rollout_spans() ->
     assert split["batches"] == 3 and split["mean_batch"] == 6.0 and split["ms_per_token"] == pytest.approx(35.0)
 
 
+@pytest.mark.cluster
 def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tmp_path: Path) -> None:
     order: list[str] = []
     after_round_1: dict = {}

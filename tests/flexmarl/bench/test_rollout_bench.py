@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from flexmarl.bench.rollout_bench import WAYS, bench_rollout
 from storage.store import ExperienceStore
 
 
+@pytest.mark.cluster
 def test_rollout_bench_compares_like_with_like(tmp_path: Path) -> None:
     report = bench_rollout(out_dir=tmp_path, repeats=1, log=lambda _: None)
     assert json.loads((tmp_path / "bench_rollout.json").read_text()) == json.loads(json.dumps(report))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from distributed import Client, LocalCluster
 from distributed.client import SchedulerInfo
 
 from flexmarl.cluster.local import scheduler_workers, workers_offering
 
 
+@pytest.mark.cluster
 def test_live_workers_come_from_the_scheduler_not_the_clients_cache(monkeypatch) -> None:
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:

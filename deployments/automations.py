@@ -13,8 +13,9 @@ from __future__ import annotations
 from prefect.automations import Automation, EventTrigger, Posture, RunDeployment
 from prefect.client.orchestration import get_client
 
+from tasks.events import RUN_FAILED
+
 RESUME_DEPLOYMENT = "flexmarl-train/resume"
-RUN_FAILED = "flexmarl.run.failed"
 
 
 def resume_failed_runs(deployment_id) -> Automation:

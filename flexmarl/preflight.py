@@ -1,4 +1,5 @@
-"""What can be checked before a run starts anything: ``flexmarl validate`` and ``flexmarl train`` run the same code.
+"""What can be checked before a run starts anything: ``flexmarl validate`` and a run's plan
+(``flexmarl/run/plan.py``, for ``flexmarl train`` and the training flow) run the same code.
 
 Config validation (``load_config``) sees only the config. These checks read what it names, without writing
 anything: each model's files (a GGUF or safetensors header that does not parse, a tokenizer larger than its
@@ -19,9 +20,10 @@ import tempfile
 from pathlib import Path
 
 from flexmarl.cluster.worker_python import check_worker_python
-from flexmarl.config import RunConfig, dump_config
+from flexmarl.config import RunConfig
 from flexmarl.models.adapters import check_adapter_targets
 from flexmarl.models.loading import BUILTIN_MODELS, ModelError, check_model_dir, resolve_model
+from flexmarl.run.layout import store_uri
 from flexmarl.workloads.datasets import load_tasks
 
 GGUF_MAGIC = b"GGUF"
@@ -42,9 +44,6 @@ def check_inputs(cfg: RunConfig) -> None:
         WorkerPythonError: a ``cluster.worker_python`` that cannot run the workers (or lacks vLLM, where the
             rollout needs it).
     """
-    key = dump_config(cfg)
-    if key in _passed:  # `flexmarl train` checked, then its flow checks again in the same process
-        return
     for name, agent in cfg.agents.items():
         try:
             check_model_files(agent.model)
@@ -63,10 +62,6 @@ def check_inputs(cfg: RunConfig) -> None:
                 raise ModelError(f"agents.{name}.{exc}") from None
     load_tasks(cfg.data)
     check_worker_python(cfg.cluster, needs_vllm=cfg.rollout.backend == "vllm")
-    _passed.add(key)
-
-
-_passed: set[str] = set()  # configs (as YAML) whose inputs passed in this process
 
 
 def check_model_files(model: str) -> None:
@@ -97,18 +92,30 @@ def check_model_files(model: str) -> None:
             ) from None
 
 
-def check_run_location(cfg: RunConfig, run_dir: str | Path) -> None:
+def check_run_location(cfg: RunConfig, run_dir: str | Path) -> str:
     """The run directory and a local store can be created and written, checked without creating either.
+    Returns the store's URI.
 
     Raises:
         RunLocationError: a file in the way, no permission, a read-only disk (path and fix named).
     """
-    run_path = Path(run_dir).resolve()
-    _check_creatable(run_path, "the run directory", "choose another --run-dir")
-    store_uri = cfg.store.uri or str(run_path / "store")
-    if "://" not in store_uri or store_uri.startswith("file://"):
-        _check_creatable(Path(store_uri.removeprefix("file://")).resolve(), "the store",
+    check_run_dir(run_dir)
+    return check_store_location(cfg, run_dir)
+
+
+def check_run_dir(run_dir: str | Path) -> None:
+    """The run directory can be created and written (``RunLocationError`` if not)."""
+    _check_creatable(Path(run_dir).resolve(), "the run directory", "choose another --run-dir")
+
+
+def check_store_location(cfg: RunConfig, run_dir: str | Path) -> str:
+    """A local store can be created and written (``RunLocationError`` if not); returns the store's URI. An
+    object store's URI is taken as it is: only writing to it can tell."""
+    uri = store_uri(cfg.store.uri, run_dir)
+    if "://" not in uri or uri.startswith("file://"):
+        _check_creatable(Path(uri.removeprefix("file://")).resolve(), "the store",
                          "set store.uri to a writable directory (or leave it null: RUN_DIR/store)")
+    return uri
 
 
 def _check_creatable(path: Path, what: str, fix: str) -> None:

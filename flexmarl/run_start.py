@@ -1,9 +1,11 @@
-"""Starting a run in a run directory: take over a start that failed before its first commit; check a resume.
+"""The state of a run directory at a start: an earlier start that failed before its first commit, a store to
+verify before a resume.
 
 A run writes ``config.yaml`` and creates its (empty) store before its cluster starts, so a start that fails
 after that, before any sample is committed, would otherwise block its own directory: a new run there is
 refused ("already holds a run") and a resume with the fix is refused too ("cannot change ..."). Such a
-directory holds nothing of value, so ``clear_failed_start`` removes what that start wrote and the corrected
+directory holds nothing of value: a run's plan (``flexmarl/run/plan.py``) takes it over when
+``never_committed`` says so, and ``clear_failed_start`` removes what that start wrote, so the corrected
 command just works. A directory with one committed row is never touched.
 
 ``check_resumable`` runs the checks of ``flexmarl store verify`` before a resume: a resumed run never trains
@@ -20,13 +22,15 @@ from pathlib import Path
 import yaml
 
 from flexmarl.config import RunConfig
+from flexmarl.run.layout import (
+    ATTEMPTS_FILE, CHECKPOINTS_DIR, CONFIG_FILE, REPORT_FILE, STATE_DIR, STORE_DIR, store_uri,
+)
 from storage.store import ExperienceStore, StoreError, error_summary
 from storage.verify import verify_store
 
-CONFIG_FILE = "config.yaml"
 # What a start writes before its first commit (besides the store); report.json or checkpoints mean it went further.
-START_FILES = ("config.yaml", "attempts.txt")
-START_DIRS = ("state",)
+START_FILES = (CONFIG_FILE, ATTEMPTS_FILE)
+START_DIRS = (STATE_DIR,)
 
 
 class ResumeRefused(RuntimeError):
@@ -40,14 +44,14 @@ def store_uri_of(run_dir: Path) -> str | None:
         uri = (raw.get("store") or {}).get("uri")
     except (OSError, yaml.YAMLError, AttributeError):
         return None
-    return uri or str(run_dir.resolve() / "store")
+    return store_uri(uri, run_dir)
 
 
 def never_committed(run_dir: str | Path) -> bool:
     """Whether the run in ``run_dir`` started but committed nothing: every table of its store is at version 0
     (created, empty), and it wrote no report or checkpoint. Unknown means no."""
     run_dir = Path(run_dir)
-    if (run_dir / "report.json").exists() or (run_dir / "checkpoints").exists():
+    if (run_dir / REPORT_FILE).exists() or (run_dir / CHECKPOINTS_DIR).exists():
         return False
     uri = store_uri_of(run_dir)
     if uri is None:
@@ -74,7 +78,7 @@ def clear_failed_start(run_dir: str | Path) -> bool:
     if not (run_dir / CONFIG_FILE).is_file() or not never_committed(run_dir):
         return False
     uri = store_uri_of(run_dir)
-    inside = run_dir.resolve() / "store"
+    inside = run_dir.resolve() / STORE_DIR
     if uri is not None and Path(uri) == inside and inside.is_dir():
         shutil.rmtree(inside)
     for name in START_DIRS:
@@ -84,13 +88,13 @@ def clear_failed_start(run_dir: str | Path) -> bool:
     return True
 
 
-def check_resumable(cfg: RunConfig, run_dir: str | Path, store_uri: str | None = None) -> None:
+def check_resumable(cfg: RunConfig, run_dir: str | Path) -> None:
     """The store of the run to resume passes ``flexmarl store verify``; otherwise resuming is refused.
 
     Raises:
         ResumeRefused: naming the first violation, how many there are, and the repair.
     """
-    uri = store_uri or cfg.store.uri or str(Path(run_dir).resolve() / "store")
+    uri = store_uri(cfg.store.uri, run_dir)
     store = ExperienceStore.from_config(uri, cfg.store)
     try:
         violations = verify_store(store, max_staleness=max_staleness(cfg))

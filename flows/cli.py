@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 from datetime import datetime
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,10 +16,6 @@ from flows.cli_output import console, err_console, fail
 from flows.cli_report import export_command, report_command
 from flows.cli_sim import simulate
 from flows.cli_store import store_app
-
-# the shipped presets, listed without importing the config (and torch) for --help
-PRESETS = sorted(p.name.removesuffix(".yaml") for p in resources.files("flexmarl.presets").iterdir()
-                 if p.name.endswith(".yaml"))
 
 app = typer.Typer(help="FlexMARL: train teams of LLM agents with reinforcement learning.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
@@ -35,17 +30,18 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from flexmarl.cluster.worker_python import WorkerPythonError
     from flexmarl.config import ConfigError
     from flexmarl.models.loading import ModelError
-    from flexmarl.orchestrator.runtime import RunSetupError
     from flexmarl.preflight import RunLocationError
+    from flexmarl.run.plan import RunDirError
     from flexmarl.run_lock import RunLockError
     from flexmarl.run_start import ResumeRefused
+    from flexmarl.tracking.tracker import TrackingError
     from flexmarl.training.snapshots import SnapshotError
     from flexmarl.workloads.datasets import DataError
     from flows.prefect_server import PrefectAPIError
     from storage.store import StoreError
 
-    return (ConfigError, ModelError, DataError, RunSetupError, RunLocationError, RunLockError, ResumeRefused,
-            ClusterError, WorkerPythonError, StoreError, PrefectAPIError, SnapshotError)
+    return (ConfigError, ModelError, DataError, RunLocationError, RunDirError, RunLockError, ResumeRefused,
+            ClusterError, WorkerPythonError, StoreError, PrefectAPIError, SnapshotError, TrackingError)
 
 
 def stop_on_sigterm(run_dir: Path) -> None:
@@ -72,12 +68,8 @@ def train(
     )] = None,
 ) -> None:
     """Train the agents of a MEG (a Prefect flow run on a Dask cluster)."""
-    from flexmarl.cluster.local import connect
-    from flexmarl.config import ConfigError, load_config, run_overrides
-    from flexmarl.orchestrator.runtime import check_new_run_dir, resume_config
-    from flexmarl.preflight import check_inputs, check_run_location
-    from flexmarl.run_lock import run_lock
-    from flexmarl.run_start import check_resumable, clear_failed_start, never_committed
+    from flexmarl.config import run_overrides
+    from flexmarl.run.plan import RunRequest, locked_plan
 
     if config is not None and preset is not None:
         fail("give a config file or --preset, not both")
@@ -86,41 +78,20 @@ def train(
     run_dir = resume or run_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     stop_on_sigterm(run_dir)
     errors = user_errors()
-    try:  # everything that can be checked, before anything is written or started
-        overrides = run_overrides(set_, dask_address)
-        if resume is not None:
-            try:
-                cfg = resume_config(resume, overrides)
-            except ConfigError as exc:
-                if never_committed(resume):  # nothing to keep: a corrected new start is the way
-                    raise ConfigError(f"{exc}. This run committed nothing, so start it again in place: "
-                                      f"`flexmarl train <config or --preset> --run-dir {resume}` with the fix") from None
-                raise
-        else:
-            cfg = load_config(config, preset=None if config else (preset or "default"), overrides=overrides)
-        check_run_location(cfg, run_dir)
-        check_inputs(cfg)
-        if cfg.cluster.address:  # bounded by cluster.connect_timeout_s, also for a service that is not Dask
-            connect(cfg.cluster.address, timeout_s=cfg.cluster.connect_timeout_s).close()
-    except errors as exc:
-        fail(str(exc))
-    from flexmarl.estimate import describe_estimate
-
-    console.print(f"run directory {run_dir}; {describe_estimate(cfg)}", highlight=False)
-
-    from flows.prefect_server import prefect_api
-    from flows.run_failures import explain_failure
-    from flows.train import train_run
-
+    # the flow's own request, so that the flow takes this plan as it is (plan.locked_plan is re-entrant)
+    request = RunRequest(str(run_dir), config=str(config) if config else None, preset=preset,
+                         overrides=tuple(run_overrides(set_, dask_address)), resume=resume is not None)
     try:
-        with run_lock(run_dir):  # refused at once, naming the holder, while another run uses the directory
-            if resume is not None:
-                check_resumable(cfg, run_dir)
-            else:
-                if clear_failed_start(run_dir):
-                    console.print(f"{run_dir}: took over an earlier start that failed before its first commit",
-                                  soft_wrap=True, highlight=False)
-                check_new_run_dir(run_dir)
+        # everything is checked here, under the lock, before anything is written or started
+        with locked_plan(request) as plan:
+            from flexmarl.estimate import describe_estimate
+
+            console.print(f"run directory {run_dir}; {describe_estimate(plan.cfg)}", highlight=False)
+
+            from flows.prefect_server import prefect_api
+            from flows.run_failures import explain_failure
+            from flows.train import train_run
+
             with prefect_api() as url:
                 console.print(f"Prefect API: {url}")
                 try:

@@ -31,7 +31,8 @@ def store_root(run_dir: Path) -> Path:
 def run_staleness_bound(run_dir: Path) -> int:
     """The staleness bound of the run in ``run_dir`` (its config.yaml), or 0 for a bare store."""
     from flexmarl.config import ConfigError
-    from flexmarl.orchestrator.runtime import CONFIG_FILE, resume_config
+    from flexmarl.run.layout import CONFIG_FILE
+    from flexmarl.run.plan import resume_config
     from flexmarl.run_start import max_staleness
 
     if not (run_dir / CONFIG_FILE).is_file():
@@ -144,7 +145,7 @@ def store_query(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (its config names each agent's tokenizer).")],
     agent: Annotated[Optional[str], typer.Option(help="Whose samples.")] = None,
     version: Annotated[Optional[int], typer.Option(help="Only samples of this policy version.")] = None,
-    where: Annotated[Optional[str], typer.Option(help="Filter, e.g. \"reward > 0 and node == 'solver'\".")] = None,
+    where: Annotated[Optional[str], typer.Option(help="SQL condition, e.g. \"reward > 0 and node = 'solver'\".")] = None,
     limit: Annotated[int, typer.Option(min=0, help="At most this many samples; 0 for all.")] = 20,
     format: Annotated[str, typer.Option("--format", help="table or jsonl.")] = "table",
     episode: Annotated[Optional[str], typer.Option(help="Show one whole episode, every agent in graph order.")] = None,
@@ -152,9 +153,9 @@ def store_query(
     """Samples with their prompt and response decoded to text: an agent's (filtered), or one episode's."""
     from flexmarl.report.transcripts import decode_samples
     from flexmarl.run.directory import RunDirectory, RunDirectoryError
-    from storage.predicate import PredicateError
     from storage.query import episode_record, episode_samples, query_samples
     from storage.store import StoreError
+    from storage.where import FilterError
 
     if format not in ("table", "jsonl"):
         fail(f"--format must be table or jsonl, got {format!r}")
@@ -172,7 +173,7 @@ def store_query(
             rows = query_samples(run.store, agent, where=where, policy_version=version, limit=limit or None)
             record = None
         tokenizers = {a: run.tokenizer(a) for a in set(rows["agent"].to_pylist())}
-    except (RunDirectoryError, StoreError, PredicateError) as exc:
+    except (RunDirectoryError, StoreError, FilterError) as exc:
         fail(str(exc))
     samples = decode_samples(rows, tokenizers)
     if format == "jsonl":

@@ -1,7 +1,10 @@
 """One Prefect API for a run: the one in PREFECT_API_URL, or a local server started for the run.
 
 Without an API URL, Prefect would start a temporary server in every process that runs a flow or task; a
-run started from the command line instead starts one real server on 127.0.0.1 and stops it at the end.
+run started from the command line instead starts one real server on 127.0.0.1, with its UI (the flow run's
+"View at" link opens there while the run lasts), and stops it at the end. That server keeps its database
+where any `prefect server start` does, ``$PREFECT_HOME/prefect.db`` (``~/.prefect`` by default), so a later
+`prefect server start` on the same home shows the finished run.
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ def prefect_api(*, startup_timeout_s: float = 90.0) -> Iterator[str]:
         return
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
+    # the UI asks PREFECT_UI_API_URL for its API; left unset, it would ask port 4200, not this server's
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "true",
+           "PREFECT_UI_API_URL": url}
     # stderr goes to a file, not a pipe: a pipe nobody reads fills up during a long run and stalls the server
     with tempfile.TemporaryFile() as stderr:
         server = subprocess.Popen(

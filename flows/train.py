@@ -1,10 +1,12 @@
 """The training flow: one FlexMARL run, as a Prefect flow.
 
 Start it with ``flexmarl train``, from a deployment (``prefect deployment run 'flexmarl-train/tiny'``) or
-from the Prefect UI. The flow only orchestrates: each task makes one coarse engine call; generation
-batches and micro-batches run on Dask inside the pipeline. Every agent update is its own ``agent-update``
-task run, from its step's admission until its weights are synced (or its agent's error), and the pipeline's
-commits, syncs, moves and recoveries are Prefect events (``tasks/updates.py``).
+from the Prefect UI. The flow plans the run (``flexmarl/run/plan.py``: one check of everything, under the run
+directory's lock) and then only orchestrates: engines, the pipeline task, checkpoints, the report. Each task
+makes one coarse engine call; generation batches and micro-batches run on Dask inside the pipeline, and the
+pipeline task shows the run as it goes (``tasks/run_view.py``): every agent update is its own
+``agent-update`` task run, from its step's admission until its weights are synced (or its agent's error),
+and the pipeline's commits, syncs, moves and recoveries are Prefect events.
 
 ``resume=RUN_DIR`` continues a run that crashed or was stopped, from its store and training-state snapshots.
 A Prefect retry of the flow run (``train_run.with_options(retries=2)``) resumes the same way: the first
@@ -22,26 +24,20 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flexmarl.cluster.local import connect, open_cluster
-from flexmarl.config import Preset, RunConfig, config_summary, load_config, run_overrides
+from flexmarl.config import Preset, config_summary, run_overrides
 from flexmarl.estimate import describe_estimate
+from flexmarl.orchestrator.channel import StopSignal
 from flexmarl.orchestrator.config import TrainMode
-from flexmarl.orchestrator.channel import RunChannel
-from flexmarl.orchestrator.runtime import CONFIG_FILE, RunContext, attempts, free_engines, prepare_run, resume_config
-from flexmarl.preflight import check_inputs
+from flexmarl.orchestrator.runtime import RunContext, free_engines
 from flexmarl.rollout.config import Backend
-from flexmarl.run_lock import run_lock
-from flexmarl.run_start import check_resumable, clear_failed_start
-from flexmarl.tracking.tracker import RunTracker
+from flexmarl.run.layout import CONFIG_FILE
+from flexmarl.run.plan import RunPlan, RunRequest, locked_plan
+from flexmarl.run.prepare import prepare
 from flexmarl.training.config import LossType
-from flows.waiting import wait_for
 from tasks.engines import save_checkpoint, start_engines
+from tasks.events import emit_run_failed
 from tasks.pipeline import run_pipeline
-from tasks.publish import publish_meg, publish_report, set_progress, start_progress
-from tasks.updates import UpdateBoard, emit_run_failed, update_row
-
-
-def resolve_config(config: str | None, preset: str | None, overrides: list[str]) -> RunConfig:
-    return load_config(config, preset=None if config else (preset or "default"), overrides=overrides)
+from tasks.publish import publish_meg, publish_report
 
 
 def default_run_dir() -> str:
@@ -100,94 +96,59 @@ def train_run(
     """
     logger = get_run_logger()
     t0 = time.perf_counter()
-    run_dir = resume or run_dir or default_run_dir()
-    with run_lock(run_dir):  # one run at a time in a directory; `flexmarl train` holds it already (re-entrant)
-        extra = run_overrides(overrides, dask_address, steps=steps, mode=mode, queries_per_step=queries_per_step,
-                              group_size=group_size, max_staleness=max_staleness, lr=lr, loss_type=loss_type,
-                              backend=backend)
-        return _train(run_dir, t0, logger, config=config, preset=preset, overrides=extra, resume=resume)
+    extra = run_overrides(overrides, dask_address, steps=steps, mode=mode, queries_per_step=queries_per_step,
+                          group_size=group_size, max_staleness=max_staleness, lr=lr, loss_type=loss_type,
+                          backend=backend)
+    request = RunRequest(resume or run_dir or default_run_dir(), config=config, preset=preset,
+                         overrides=tuple(extra), resume=resume is not None,
+                         retry_of=flow_run.id if flow_run.run_count > 1 else None)
+    # one run at a time in a directory; `flexmarl train` holds the lock and the plan already (both re-entrant)
+    with locked_plan(request) as plan:
+        return _train(plan, t0, logger)
 
 
-def _train(run_dir: str, t0: float, logger, *, config: str | None, preset: str | None, overrides: list[str],
-           resume: str | None) -> dict:
-    # a retry of this flow run continues the run its earlier attempt started, never someone else's
-    retried = flow_run.run_count > 1 and any(by == flow_run.id for _, by in attempts(run_dir))
-    if resume or retried:
-        cfg = resume_config(run_dir, overrides)
-        check_resumable(cfg, run_dir)  # never train on a store that fails `flexmarl store verify`
-    else:
-        cfg = resolve_config(config, preset, overrides)
-        if clear_failed_start(run_dir):
-            logger.info("%s: took over an earlier start that failed before its first commit", run_dir)
-    check_inputs(cfg)  # models and data, before the cluster starts (done once per process and config)
-    run_id, store_uri = prepare_run(cfg, run_dir, resume=bool(resume or retried), started_by=flow_run.id)
-    what = "resuming run" if resume or retried else "run"
-    logger.info("%s %s in %s: %s; resolved config: %s", what, run_id, Path(run_dir).resolve(), config_summary(cfg),
-                Path(run_dir).resolve() / CONFIG_FILE)
-    logger.info("%s", describe_estimate(cfg))
-    publish_meg(cfg, run_dir)
+def _train(plan: RunPlan, t0: float, logger) -> dict:
+    run = prepare(plan, started_by=flow_run.id)
+    if run.took_over:
+        logger.info("%s: took over an earlier start that failed before its first commit", plan.request.run_dir)
+    logger.info("%s %s in %s: %s; resolved config: %s", "resuming run" if plan.resumes else "run", run.run_id,
+                plan.run_dir, config_summary(plan.cfg), plan.run_dir / CONFIG_FILE)
+    logger.info("%s", describe_estimate(plan.cfg))
+    publish_meg(plan.cfg, str(plan.run_dir))
 
     try:  # a failure from here on leaves a run to resume: `flexmarl.run.failed` says where
-        return _run(cfg, run_id, store_uri, run_dir, t0, logger)
+        return _run(plan, run.run_id, t0, logger)
     except Exception as exc:  # a stop on request (Ctrl-C, SIGTERM) is no failure, and is not told as one
-        emit_run_failed(run_id, run_dir, exc)
+        emit_run_failed(run.run_id, str(plan.run_dir), exc)
         raise
 
 
-def _run(cfg: RunConfig, run_id: str, store_uri: str, run_dir: str, t0: float, logger) -> dict:
-    """Start the engines, run the pipeline while showing it in Prefect, then checkpoint and report.
+def _run(plan: RunPlan, run_id: str, t0: float, logger) -> dict:
+    """Start the engines, run the pipeline task (which shows the run as it goes), then checkpoint and report.
 
-    The tasks share no memory: each attaches to the run by its context and placement (small records), and
-    the pipeline's events, the stop request and each update's outcome cross through the run's Dask scheduler.
+    The tasks share no memory: each attaches to the run by its context and placement (small records), and the
+    stop request crosses through the run's Dask scheduler.
     """
-    tracker = RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg)  # checks before the cluster
-    timeout_s = cfg.cluster.connect_timeout_s
-    with open_cluster(cfg.cluster) as address, tracker, closing(connect(address, timeout_s=timeout_s)) as client:
-        if tracker.enabled:
-            logger.info("tracking: %s", ", ".join(tracker.enabled))
-        ctx = RunContext(run_id, str(Path(run_dir).resolve()), store_uri, address)
-        channel = RunChannel(client, address, run_id, timeout_s)
-        pipeline = board = None
+    cfg, timeout_s = plan.cfg, plan.cfg.cluster.connect_timeout_s
+    with open_cluster(cfg.cluster) as address, closing(connect(address, timeout_s=timeout_s)) as client:
+        ctx = RunContext(run_id, str(plan.run_dir), plan.store_uri, address)
+        stop = StopSignal(client, run_id)
+        pipeline = None
         try:
             placement = start_engines(ctx)
             logger.info("engines: %s", placement.describe())
-            progress = start_progress()
-            total = cfg.train.steps * len(cfg.agents)
-            done = sum(min(v, cfg.train.steps) for v in placement.versions.values())  # resumed: done before
-            board, pipeline = UpdateBoard(channel), run_pipeline.submit(ctx, placement)
-            # The pipeline task has sent all its events once it ends; this ends their stream, however it ended.
-            pipeline.add_done_callback(lambda _: channel.end_events())
-            # What the pipeline tells goes to Prefect (task runs per update, events) and each recorded update
-            # to the experiment trackers, from here, the driver.
-            updates = []
-            started = time.perf_counter()
-            for event in channel.events():
-                if (update := board.on(event)) is None:
-                    continue
-                updates.append(update_row(update))
-                tracker.log_update(update)
-                set_progress(progress, done + len(updates), total)
-                left = (time.perf_counter() - started) / len(updates) * (total - done - len(updates))
-                logger.info("progress: %d of %d agent updates; about %.0f min left", done + len(updates), total,
-                            left / 60)
-            try:
-                outcome = wait_for(pipeline, "the rollout-and-train task", cfg.rollout.request_timeout_s,
-                                   "rollout.request_timeout_s")
-            finally:
-                board.close(None if pipeline.state.is_completed() else pipeline.state.message)
+            pipeline = run_pipeline.submit(ctx, placement)
+            outcome = pipeline.result()  # as long as the run: each of the pipeline's own waits is bounded
             if cfg.train.save_checkpoints:
                 for agent in cfg.agents:
                     save_checkpoint(ctx, outcome.placement, agent)
-            report = publish_report(ctx, outcome.timeline, updates, time.perf_counter() - t0)
-            tracker.log_report(report)
-            return report
+            return publish_report(ctx, outcome.timeline, time.perf_counter() - t0)
         finally:
             if pipeline is not None:  # a failed flow stops its pipeline before anything resumes the run
-                channel.stop.set()
+                stop.set()
                 pipeline.wait(timeout=cfg.rollout.request_timeout_s)
-                board.close(pipeline.state.message or "the flow failed")  # a no-op if closed already
             free_engines(client, run_id, timeout_s)
-            channel.close()
+            stop.clear()
 
 
 if __name__ == "__main__":

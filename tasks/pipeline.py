@@ -7,11 +7,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, State
 
-from flexmarl.orchestrator.channel import EventSender, StopSignal
+from flexmarl.orchestrator.channel import StopSignal
 from flexmarl.orchestrator.pipeline import PipelineStopped
 from flexmarl.orchestrator.runtime import Placement, RunContext, Runtime
 from flexmarl.run.layout import TIMELINE_FILE
 from flexmarl.run.timeline_file import write_timeline
+from tasks.run_view import RunView
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,16 @@ def run_pipeline(ctx: RunContext, placement: Placement) -> PipelineOutcome | Sta
     """The whole rollout stream and every agent's micro-batch training, on Dask, for ``train.steps`` steps;
     returns the path of the timeline it writes and where the engines are at the end.
 
-    Generation batches and micro-batches are plain Dask tasks inside. What happens goes to the flow as it
-    happens, through the run's Dask scheduler (``flexmarl.orchestrator.channel``), and the flow shows each agent
-    update as its own ``agent-update`` task run (``tasks/updates.py``). Stopped by the flow (Ctrl-C, SIGTERM, a
-    failure elsewhere), it ends Cancelled: a stop on request, resumable from the store, is no task failure.
+    Generation batches and micro-batches are plain Dask tasks inside. This task also shows the run as it goes
+    (``run_view.py``): an ``agent-update`` task run per agent update, Prefect events, the progress artifact,
+    the experiment trackers. Stopped by the flow (Ctrl-C, SIGTERM, a failure elsewhere), it ends Cancelled: a
+    stop on request, resumable from the store, is no task failure.
     """
     runtime = Runtime(ctx, placement=placement)
     try:
-        with EventSender(runtime.client, ctx.run_id) as events:
-            result = runtime.run(on_event=events.put, stop_requested=StopSignal(runtime.client, ctx.run_id))
+        with RunView(ctx, runtime.cfg, placement.versions) as view:
+            stop = StopSignal(runtime.client, ctx.run_id, also=view.failed)
+            result = runtime.run(on_event=view.put, stop_requested=stop)
     except PipelineStopped as exc:
         return Cancelled(message=str(exc))
     finally:

@@ -25,6 +25,8 @@ from flexmarl.report.summary import agent_rows, render_summary
 from flexmarl.run.timeline_file import read_timeline
 from flexmarl.run.directory import RunDirectory
 from flexmarl.run.layout import MEG_PICTURE, REPORT_FILE, REWARDS_PICTURE
+from flexmarl.tracking.tracker import RunTracker
+from tasks.updates import update_row
 
 
 def png_data_url(path: Path) -> str:
@@ -47,18 +49,22 @@ def set_progress(artifact_id: UUID, done: int, total: int) -> None:
 
 
 @task(name="publish-report", cache_policy=NO_CACHE)
-def publish_report(ctx: RunContext, timeline: str, updates: list[dict], wall_s: float) -> dict:
+def publish_report(ctx: RunContext, timeline: str, wall_s: float) -> dict:
     """Write RUN_DIR/report.json from the run's config, store and ``timeline`` (the pipeline's timeline.json);
     publish the run summary (the same markdown as ``flexmarl report``'s report.md, without pictures), the
-    per-agent metrics table and the reward curves as artifacts."""
+    per-agent metrics and updates tables and the reward curves as artifacts; log the run's figures to the
+    experiment trackers."""
     run = RunDirectory(ctx.run_dir)
     result = read_timeline(Path(timeline))
     report = build_report(ctx, run.config, result, wall_s=wall_s)
     Path(ctx.run_dir, REPORT_FILE).write_text(json.dumps(report, indent=2))
+    with RunTracker(run.config.tracking, run_dir=ctx.run_dir, run_name=ctx.run_id, config=run.config) as tracker:
+        tracker.log_report(report)
     series = load_series(run, result)
     create_table_artifact(agent_rows(run, series, report), key="agent-metrics",
                           description=f"Per-agent metrics of run {ctx.run_id}")
-    create_table_artifact(updates, key="agent-updates", description="Every agent update, in order")
+    create_table_artifact([update_row(u) for u in result.updates], key="agent-updates",
+                          description="Every agent update, in order")
     summary = render_summary(run, series, report=report, timeline=result)
     summary += f"\nPictures: `flexmarl report {ctx.run_dir}`\n"
     create_markdown_artifact(summary, key="run-summary", description="Run summary")

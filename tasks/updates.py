@@ -1,66 +1,101 @@
-"""What the Prefect UI shows of a running pipeline: a real task run per agent update, and Prefect events.
+"""Each agent update as a Prefect task run, ``update-<agent>-v<version>`` tagged ``agent:<agent>``.
 
-The pipeline runs on plain Dask and tells the flow what happens (``flexmarl.orchestrator.records``). The
-``UpdateBoard`` turns that into Prefect objects at the grains Prefect can afford (a task run costs hundreds of
-milliseconds of bookkeeping here, an event almost nothing):
-
-- a step opened: one ``agent-update`` task run per agent that trains on it, named ``update-<agent>-v<version>``
-  and tagged ``agent:<agent>``. It starts then and waits for the outcome the board posts for it through the
-  run's Dask scheduler (``orchestrator/channel.py``), so it may run in any process: Completed once the update
-  is recorded and every replica of the agent holds its weights, Failed with the agent's error when a task of
-  that agent fails the run, Cancelled when the run stops first. Prefect's run graph draws the agents' updates side by
-  side, overlapping when the pipeline runs them asynchronously. The scheduler admits at most
-  ``max_staleness + 1`` steps ahead, so few of these wait at once (Prefect's thread pool is unbounded);
-- micro-batch commits, weight syncs, slot moves, state moves, recoveries and updates (with their staleness):
-  Prefect events named ``flexmarl.<what>``, about the resource ``flexmarl.run.<run id>.agent.<agent>``, which
-  automations can act on; ``flexmarl.run.failed`` names the run directory of a failed run, which the
-  ``resume-failed-runs`` automation (``deployments/automations.py``) resumes.
+The run starts when its step is admitted and ends Completed once the update is recorded and every replica of
+the agent holds its weights, Failed with the agent's error when a task of that agent fails the run, Cancelled
+when the run stops first; Prefect's run graph draws the agents' updates side by side, overlapping when the
+pipeline runs them at once. ``UpdateLedger`` decides, from the pipeline's records and nothing else, when each
+update starts and how it ends; ``agent_update`` is the task run, which waits on an in-process future that the
+pipeline task's view (``run_view.py``) settles as the ledger says.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict
-from pathlib import Path
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.events import emit_event
-from prefect.futures import PrefectFuture, wait
 from prefect.logging import get_run_logger
 from prefect.states import Cancelled, State
 
-from flexmarl.orchestrator.channel import AgentUpdateError, OutcomeRef, RunChannel, UpdateNotMade
-from flexmarl.orchestrator.records import (
-    AgentFailed,
-    MicroBatchCommitted,
-    PipelineEvent,
-    Recovery,
-    StateMove,
-    StepOpened,
-    UpdateEvent,
-    WeightSynced,
-)
-from flexmarl.rollout.balancer import Move
+from flexmarl.orchestrator.records import AgentFailed, PipelineEvent, StepOpened, UpdateEvent, WeightSynced
 
-EVENT_NAMES: dict[type, str] = {
-    StepOpened: "flexmarl.step.opened",
-    MicroBatchCommitted: "flexmarl.microbatch.committed",
-    UpdateEvent: "flexmarl.agent.updated",
-    WeightSynced: "flexmarl.weights.synced",
-    StateMove: "flexmarl.state.moved",
-    Move: "flexmarl.slot.moved",
-    AgentFailed: "flexmarl.agent.failed",
-}
-FINAL_WAIT_S = 60.0  # for the waiting task runs to record their end once told, at the end of the run
+
+class AgentUpdateError(RuntimeError):
+    """An agent's update failed: the error of the agent's task that failed the run."""
+
+
+class UpdateNotMade(Exception):
+    """The run ended before this update was made (stopped, or failed on another agent)."""
+
+
+@dataclass(frozen=True)
+class UpdateKey:
+    agent: str
+    version: int
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How an update ended: made (its ``UpdateEvent``), failed with its agent, or not made."""
+
+    key: UpdateKey
+    outcome: UpdateEvent | AgentUpdateError | UpdateNotMade
+
+
+@dataclass(frozen=True)
+class Ledgered:
+    """What one pipeline record changes: updates to start, updates settled, and the update it recorded."""
+
+    started: tuple[UpdateKey, ...] = ()
+    settled: tuple[Settled, ...] = ()
+    recorded: UpdateEvent | None = None
+
+
+@dataclass
+class UpdateLedger:
+    """The updates of a run that have started and not ended: pure, fed the pipeline's records in order."""
+
+    waiting: list[UpdateKey] = field(default_factory=list)  # started, not settled
+    recorded: dict[UpdateKey, UpdateEvent] = field(default_factory=dict)  # recorded, replicas not all synced
+
+    def on(self, event: PipelineEvent) -> Ledgered:
+        if isinstance(event, StepOpened):  # each agent on it makes version step + 1
+            started = tuple(UpdateKey(agent, event.step + 1) for agent in event.agents)
+            self.waiting += started
+            return Ledgered(started=started)
+        if isinstance(event, UpdateEvent):
+            self.recorded[UpdateKey(event.agent, event.policy_version)] = event
+            return Ledgered(recorded=event)
+        if isinstance(event, WeightSynced) and event.all_synced:
+            keys = [k for k in self.recorded if k.agent == event.agent and k.version <= event.version]
+            return Ledgered(settled=tuple(self._settle(k, self.recorded.pop(k)) for k in keys))
+        if isinstance(event, AgentFailed):
+            keys = [k for k in self.waiting if k.agent == event.agent]
+            for key in keys:
+                self.recorded.pop(key, None)
+            return Ledgered(settled=tuple(self._settle(k, AgentUpdateError(event.error)) for k in keys))
+        return Ledgered()
+
+    def close(self, why: str | None) -> tuple[Settled, ...]:
+        """The pipeline ended (``why``: None when it finished): settle every update still waiting. A recorded
+        one is made, whatever the last sync did: the run has it."""
+        made = [self._settle(k, u) for k, u in self.recorded.items()]
+        self.recorded.clear()
+        why = f"the run ended before this update: {why or 'not admitted'}"
+        return (*made, *(self._settle(k, UpdateNotMade(why)) for k in list(self.waiting)))
+
+    def _settle(self, key: UpdateKey, outcome: UpdateEvent | AgentUpdateError | UpdateNotMade) -> Settled:
+        self.waiting.remove(key)
+        return Settled(key, outcome)
 
 
 @task(name="agent-update", cache_policy=NO_CACHE, task_run_name="update-{agent}-v{version}")
-def agent_update(agent: str, version: int, outcome: OutcomeRef) -> dict | State:
+def agent_update(agent: str, version: int, outcome: Future) -> dict | State:
     """One agent's update, from its step's admission until it is recorded and synced: reward, samples, tokens,
-    loss and staleness of that update. It waits wherever it runs, on the outcome the flow posts for it."""
+    loss and staleness of that update. ``outcome`` is settled in this process (``run_view.RunView``)."""
     try:
-        event: UpdateEvent = outcome.wait()
+        event: UpdateEvent = outcome.result()
     except UpdateNotMade as exc:
         return Cancelled(message=str(exc))
     reward = "-" if event.mean_reward is None else f"{event.mean_reward:.3f}"
@@ -73,6 +108,7 @@ def agent_update(agent: str, version: int, outcome: OutcomeRef) -> dict | State:
 
 
 def update_row(event: UpdateEvent) -> dict:
+    """One update as a row of the ``agent-updates`` table artifact."""
     return {
         "agent": event.agent,
         "version": event.policy_version,
@@ -84,77 +120,3 @@ def update_row(event: UpdateEvent) -> dict:
         "queue_depth": event.queue_depth,
         **{k: round(v, 6) for k, v in event.metrics.items()},
     }
-
-
-class UpdateBoard:
-    """The flow's view of a pipeline run: its waiting ``agent-update`` task runs and its events."""
-
-    def __init__(self, channel: RunChannel) -> None:
-        self.run_id, self.channel = channel.run_id, channel
-        self.outcomes: dict[tuple[str, int], OutcomeRef] = {}  # (agent, version) -> what its task run waits for
-        self.recorded: dict[tuple[str, int], UpdateEvent] = {}  # recorded, replicas not all synced yet
-        self.runs: list[PrefectFuture] = []
-
-    def on(self, event: PipelineEvent) -> UpdateEvent | None:
-        """Show ``event`` in Prefect; returns it when it is a recorded update (for progress and trackers)."""
-        self.emit(event)
-        if isinstance(event, StepOpened):
-            for agent in event.agents:
-                outcome = self.channel.outcome_ref(agent, event.step + 1)
-                self.outcomes[(agent, event.step + 1)] = outcome
-                self.runs.append(agent_update.with_options(tags=[f"agent:{agent}"]).submit(
-                    agent, event.step + 1, outcome))
-        elif isinstance(event, UpdateEvent):
-            self.recorded[(event.agent, event.policy_version)] = event
-            return event
-        elif isinstance(event, WeightSynced) and event.all_synced:
-            for key in [k for k in self.recorded if k[0] == event.agent and k[1] <= event.version]:
-                self._settle(key, self.recorded.pop(key))
-        elif isinstance(event, AgentFailed):
-            for key in [k for k in self.outcomes if k[0] == event.agent]:
-                self._settle(key, AgentUpdateError(event.error))
-        return None
-
-    def close(self, why: str | None) -> None:
-        """The pipeline ended (``why``: None when it finished): settle every update still waiting."""
-        for key, event in list(self.recorded.items()):  # recorded: the run has it, whatever the last sync did
-            self._settle(key, event)
-        self.recorded.clear()
-        for key in list(self.outcomes):
-            self._settle(key, UpdateNotMade(f"the run ended before this update: {why or 'not admitted'}"))
-        wait(self.runs, timeout=FINAL_WAIT_S)
-        self.runs.clear()
-
-    def _settle(self, key: tuple[str, int], value: UpdateEvent | BaseException) -> None:
-        outcome = self.outcomes.pop(key, None)
-        if outcome is not None:
-            self.channel.post(outcome, value)
-
-    def emit(self, event: PipelineEvent) -> None:
-        if isinstance(event, Recovery):
-            name = "flexmarl.recovery." + ("finished" if event.recovered_at is not None else "started")
-        else:
-            name = EVENT_NAMES[type(event)]
-        agent = getattr(event, "target", None) or getattr(event, "agent", None)
-        resource_id = f"flexmarl.run.{self.run_id}" + (f".agent.{agent}" if agent else "")
-        emit_event(event=name, resource={"prefect.resource.id": resource_id, "flexmarl.run": self.run_id,
-                                         "prefect.resource.name": agent or self.run_id},
-                   payload=_jsonable(asdict(event)))
-
-
-def emit_run_failed(run_id: str, run_dir: str, error: BaseException) -> None:
-    """``flexmarl.run.failed``, with the run directory to resume (the ``resume-failed-runs`` automation's cue)."""
-    emit_event(event="flexmarl.run.failed", resource={"prefect.resource.id": f"flexmarl.run.{run_id}",
-                                                      "flexmarl.run": run_id, "prefect.resource.name": run_id},
-               payload={"run_dir": str(Path(run_dir).resolve()), "error": f"{type(error).__name__}: {error}"})
-
-
-def _jsonable(value):
-    """``value`` with tuples as lists and non-finite floats (a skipped update's NaN loss) as None."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -106,7 +106,7 @@ def not_a_model_dir(tmp_path: Path) -> str:
 
 def refused_before_the_run(tmp_path: Path, exc_type: type[BaseException], cfg) -> str:
     """prepare_run refuses ``cfg``; nothing of the run is written (no config, no store)."""
-    from flexmarl.orchestrator.runtime import prepare_run
+    from flexmarl.run.prepare import prepare_run
 
     run_dir = tmp_path / "run"
     message = raised(exc_type, lambda: prepare_run(cfg, run_dir))
@@ -263,7 +263,7 @@ def weight_update_mismatch(tmp_path: Path) -> str:
 def committed_store(tmp_path: Path):
     """A run directory whose store holds two committed steps and an update of each agent."""
     from flexmarl.config import load_config
-    from flexmarl.orchestrator.runtime import prepare_run
+    from flexmarl.run.prepare import prepare_run
     from storage.store import ExperienceStore
 
     cfg = load_config(preset="tiny")
@@ -290,13 +290,14 @@ def unwritable_run_dir(tmp_path: Path) -> str:
 
 def unwritable_store(tmp_path: Path) -> str:
     from flexmarl.config import load_config
-    from flexmarl.orchestrator.runtime import RunSetupError, prepare_run
+    from flexmarl.preflight import RunLocationError
+    from flexmarl.run.prepare import prepare_run
 
     cfg, run_dir, store = committed_store(tmp_path)
     before, config_before = snapshot(store), (run_dir / "config.yaml").read_text()
     (tmp_path / "a-file").write_text("")
     bad = load_config(preset="tiny", overrides=[f"store.uri={tmp_path / 'a-file' / 'store'}"])
-    message = raised(RunSetupError, lambda: prepare_run(bad, run_dir))  # the same run directory, another store
+    message = raised(RunLocationError, lambda: prepare_run(bad, run_dir))  # the same run directory, another store
     assert snapshot(store) == before and (run_dir / "config.yaml").read_text() == config_before
     return message
 
@@ -915,6 +916,8 @@ CLI_CASES: dict[str, Callable] = {
     "missing Delta commit": lambda t, s: damaged_run(t, delete_commit("samples/verifier", 1)),
     "resume of a store that fails verify": lambda t, s: damaged_run(t, delete_commit("samples/solver", 1)),
     "run directory in use": in_use,
+    "bad `--where` filter": lambda t, s: ["store", "query", str(committed_store(t)[1]), "--agent", "solver",
+                                          "--where", "score > 0"],
     "not a store": lambda t, s: damaged_run(t, lambda run_dir, store: shutil.rmtree(store.table_uri("updates"))),
     "a new run in a run directory": lambda t, s: committed_store(t) and ["train", "--preset", "tiny", "--run-dir",
                                                                           str(t / "run")],

@@ -31,7 +31,9 @@ from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, load_config
 from flexmarl.orchestrator.coverage import training_coverage
 from flexmarl.orchestrator.records import PipelineResult
-from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run, resume_config
+from flexmarl.orchestrator.runtime import RunContext, Runtime
+from flexmarl.run.plan import resume_config
+from flexmarl.run.prepare import prepare_run
 from flexmarl.run_start import max_staleness
 from storage.store import ExperienceStore
 from storage.verify import verify_store

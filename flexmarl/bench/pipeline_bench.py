@@ -25,7 +25,8 @@ from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import PRESETS, ConfigError, RunConfig, load_config
 from flexmarl.orchestrator.records import PipelineResult
-from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+from flexmarl.orchestrator.runtime import RunContext, Runtime
+from flexmarl.run.prepare import prepare_run
 from flexmarl.report.timeline import draw_timeline
 from flexmarl.run.layout import CHECKPOINTS_DIR, STATE_DIR
 from flexmarl.training.state import tensor_bytes

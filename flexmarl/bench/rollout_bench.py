@@ -21,7 +21,8 @@ from flexmarl.bench.backend_bench import compare_backends
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import load_config
 from flexmarl.orchestrator.records import PipelineResult
-from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+from flexmarl.orchestrator.runtime import RunContext, Runtime
+from flexmarl.run.prepare import prepare_run
 from flexmarl.report.timeline import draw_queues, draw_timeline
 
 # The fan_out preset, skewed harder: the solver's three calls carry nearly all the tokens, and the aggregator

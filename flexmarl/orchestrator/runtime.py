@@ -1,6 +1,6 @@
-"""The driver side of a run: lay out the run directory, start the engines on Dask, run the pipeline.
+"""The driver side of a run: start the engines on Dask, run the pipeline.
 
-``prepare_run`` lays out a run directory (or reopens one to resume it); a ``Runtime`` then starts each
+Once a run directory is laid out (``flexmarl/run/plan.py`` and ``prepare.py``), a ``Runtime`` starts each
 agent's rollout replicas and trainer on the Dask workers, runs the pipeline (``pipeline.py``) under the
 schedule the config asks for, and saves checkpoints. It is used by the Prefect flow and by the benchmarks
 alike, so both run the same engine.
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,23 +21,20 @@ import torch
 from distributed import Client, TimeoutError as DaskTimeoutError
 
 from flexmarl.cluster.local import connect, place, submit_on, workers_offering
-from flexmarl.cluster.worker_state import release
-from flexmarl.config import ConfigError, RunConfig, dump_config, load_config
-from flexmarl.models.loading import check_model_dir, load_tokenizer, resolve_model
+from flexmarl.cluster.worker_state import EngineKey, release
+from flexmarl.config import RunConfig, load_config
+from flexmarl.models.loading import load_tokenizer, resolve_model
 from flexmarl.orchestrator.pipeline import PipelineRunner, StopFlag
 from flexmarl.orchestrator.records import PipelineEvent, PipelineResult
-from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
+from flexmarl.orchestrator.policy import SchedulePolicy, deal_replicas
 from flexmarl.rollout import replica
 from flexmarl.training import replay, slot, snapshots
-from flexmarl.workloads.datasets import load_tasks, task_stream
-from flexmarl.run.layout import ATTEMPTS_FILE, CHECKPOINTS_DIR, CONFIG_FILE, STATE_DIR, STORE_DIR
-from storage.store import ExperienceStore, error_summary
+from flexmarl.workloads.datasets import task_stream
+from flexmarl.run.layout import CHECKPOINTS_DIR, CONFIG_FILE, STATE_DIR
+from flexmarl.run.plan import attempts
+from storage.store import ExperienceStore
 
 log = logging.getLogger(__name__)
-
-# What a resumed run may change: where and how patiently it runs, and how far. The rest made its samples.
-RESUMABLE = ("cluster.", "rollout.request_timeout_s", "rollout.sync_timeout_s", "train.steps",
-             "train.save_checkpoints")
 
 
 @dataclass(frozen=True)
@@ -49,132 +45,6 @@ class RunContext:
     run_dir: str
     store_uri: str
     address: str  # Dask scheduler
-
-
-class RunSetupError(RuntimeError):
-    """The run directory or the store cannot be written; the message names the path and the fix."""
-
-
-class RunDirError(RunSetupError):
-    """A new run in a directory that already holds one; the message names ``--resume`` as the fix."""
-
-
-def check_writable(path: Path, what: str, fix: str) -> None:
-    """Create ``path`` if needed and write (then remove) a probe file in it: refuse a run before it starts."""
-    probe = path / f".flexmarl-write-check-{uuid.uuid4().hex[:8]}"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise RunSetupError(f"cannot write {what} {path}: {exc.strerror or exc}; {fix}") from None
-
-
-def check_run_paths(cfg: RunConfig, run_dir: str | Path) -> str:
-    """Check that the run directory and a local store can be written; returns the store URI."""
-    run_path = Path(run_dir).resolve()
-    check_writable(run_path, "the run directory", "choose another --run-dir")
-    store_uri = cfg.store.uri or str(run_path / STORE_DIR)
-    if "://" not in store_uri or store_uri.startswith("file://"):
-        check_writable(Path(store_uri.removeprefix("file://")).resolve(), "the store",
-                       "set store.uri to a writable directory (or leave it null: RUN_DIR/store)")
-    return store_uri
-
-
-def check_inputs(cfg: RunConfig) -> None:
-    """What config validation cannot see: each tokenizer fits its model, every line of a JSONL data file parses.
-
-    Builds or converts each model once (cached), before the workers load it.
-
-    Raises:
-        ModelError: a tokenizer larger than its model's embedding table (both files named).
-        DataError: a data line that does not parse (file and line named).
-    """
-    for agent in cfg.agents.values():
-        check_model_dir(resolve_model(agent.model, seed=cfg.train.seed))
-    if cfg.data.source() == "jsonl":
-        load_tasks(cfg.data)
-
-
-def check_new_run_dir(run_dir: str | Path) -> None:
-    """Refuse to start a run in a directory that holds one: its sample ids would repeat the old run's."""
-    if (Path(run_dir) / CONFIG_FILE).exists():
-        raise RunDirError(
-            f"{Path(run_dir).resolve()} already holds a run: continue it with `flexmarl train --resume {run_dir}`, "
-            "or choose another --run-dir"
-        )
-
-
-def prepare_run(
-    cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, started_by: str | None = None
-) -> tuple[str, str]:
-    """Create the run directory and the store, and write the resolved config. Returns (run_id, store_uri).
-
-    Refuses, before anything is written or started, a run directory or store that cannot be written, a
-    model whose tokenizer does not fit it, a data file with a bad line, and a directory that already holds a
-    run unless ``resume`` (its config then comes from ``resume_config``). ``started_by`` (a Prefect flow run
-    id) is recorded with the attempt, so that a retry of that flow run can find its run.
-    """
-    run_path = Path(run_dir).resolve()
-    store_uri = check_run_paths(cfg, run_path)
-    check_inputs(cfg)
-    if not resume:
-        check_new_run_dir(run_dir)
-    run_id = f"{run_path.name}-{uuid.uuid4().hex[:8]}"
-    (run_path / CONFIG_FILE).write_text(dump_config(cfg))
-    with (run_path / ATTEMPTS_FILE).open("a") as attempts_file:
-        attempts_file.write(f"{run_id}\t{started_by}\n" if started_by else f"{run_id}\n")
-    store = ExperienceStore.from_config(store_uri, cfg.store)
-    try:
-        store.create(cfg.agents)
-    except Exception as exc:  # deltalake raises several types (object stores, permissions)
-        raise RunSetupError(
-            f"cannot create the store's tables under {store_uri}: {error_summary(exc)}; check store.uri and "
-            "store.storage_options"
-        ) from exc
-    return run_id, store_uri
-
-
-def attempts(run_dir: str | Path) -> list[tuple[str, str | None]]:
-    """Every start and resume of the run in ``run_dir``: (run id, who started it or None), oldest first."""
-    path = Path(run_dir) / ATTEMPTS_FILE
-    lines = path.read_text().splitlines() if path.exists() else []
-    rows = [line.split("\t") for line in lines if line.strip()]
-    return [(row[0], row[1] if len(row) > 1 else None) for row in rows]
-
-
-def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """The config of the run in ``run_dir``, with overrides that change only what a resumed run may change
-    (``RESUMABLE``); an override that repeats the run's own value is no change (a Prefect retry repeats them).
-
-    Raises:
-        ConfigError: no run in ``run_dir``, or an override of a setting its samples were made under.
-    """
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise ConfigError(f"{run_dir} holds no run to resume (no {CONFIG_FILE}); pass the run directory of a run "
-                          "that was started with `flexmarl train --run-dir`")
-    stored, cfg = load_config(path), load_config(path, overrides=overrides)
-    before, after = _flatten(stored.model_dump(mode="json")), _flatten(cfg.model_dump(mode="json"))
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    refused = [k for k in changed if not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]
-    if refused:
-        allowed = ", ".join(r + "*" if r.endswith(".") else r for r in RESUMABLE)
-        raise ConfigError(
-            f"cannot change {', '.join(refused)} when resuming: the samples in the store were made under the "
-            f"run's own settings. A resumed run may change only {allowed}"
-        )
-    return cfg
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def training_slots(slots: int | None, train_workers: list[str]) -> list[str]:
@@ -211,11 +81,11 @@ class Placement:
     trainers: dict[str, str]  # agent -> the training worker that holds its trainer
     slots: list[str]  # the training workers that serve as slots
     engines: dict[str, list[str]]  # agent -> the rollout workers that hold its replicas
-    rollout_slots: list[tuple[str, str]]  # (worker, agent) of each rollout slot
+    replicas: list[tuple[str, str]]  # (worker, agent) of each rollout replica
     versions: dict[str, int]  # agent -> its policy version
 
     def describe(self) -> dict[str, dict]:
-        return {a: {"trainer": w, "engines": self.engines[a], "slots": [s for s, x in self.rollout_slots if x == a]}
+        return {a: {"trainer": w, "engines": self.engines[a], "replicas": [r for r, x in self.replicas if x == a]}
                 for a, w in self.trainers.items()}
 
 
@@ -236,7 +106,7 @@ class Runtime:
         if placement is None:
             placement = self._deal()
         self.trainers, self.slots = dict(placement.trainers), list(placement.slots)
-        self.engines, self.rollout_slots = dict(placement.engines), list(placement.rollout_slots)
+        self.engines, self.replicas = dict(placement.engines), list(placement.replicas)
         self.versions = dict(placement.versions)
         self.timeout_s = self.cfg.rollout.request_timeout_s
         self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / STATE_DIR)).rstrip("/")
@@ -247,25 +117,25 @@ class Runtime:
         rollout_workers = workers_offering(self.client, cluster.rollout_resource, "rollout")
         train_workers = workers_offering(self.client, cluster.train_resource, "training")
         # Agents start on the training slots round-robin and bind a free slot whenever they have work (M <= N
-        # is fine; a slot swaps states on and off its device). Rollout replica slots are dealt round-robin
-        # too; with load balancing every rollout worker holds an engine of every agent so that slots can move.
+        # is fine; a slot swaps states on and off its device). Rollout replicas are dealt round-robin too; with
+        # load balancing every rollout worker holds an engine of every agent so that replicas can move.
         slots = training_slots(self.cfg.training.slots, train_workers)
-        rollout_slots = deal_slots(list(self.cfg.agents), rollout_workers, self.cfg.rollout.slots_per_worker)
+        replicas = deal_replicas(list(self.cfg.agents), rollout_workers, self.cfg.rollout.slots_per_worker)
         engines = {
             a: list(rollout_workers) if self.cfg.rollout.load_balance
-            else sorted({w for w, agent in rollout_slots if agent == a})
+            else sorted({w for w, agent in replicas if agent == a})
             for a in self.cfg.agents
         }
         versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
-        return Placement(place(list(self.cfg.agents), slots), slots, engines, rollout_slots, versions)
+        return Placement(place(list(self.cfg.agents), slots), slots, engines, replicas, versions)
 
     @property
     def placement(self) -> Placement:
-        return Placement(dict(self.trainers), list(self.slots), dict(self.engines), list(self.rollout_slots),
+        return Placement(dict(self.trainers), list(self.slots), dict(self.engines), list(self.replicas),
                          dict(self.versions))
 
-    def key(self, agent: str) -> str:
-        return f"{self.ctx.run_id}/{agent}"
+    def key(self, agent: str) -> EngineKey:
+        return EngineKey(self.ctx.run_id, agent)
 
     def _wait(self, futures: list, what: str, scale: int = 1) -> list:
         """The futures' results, all within ``scale`` times ``rollout.request_timeout_s`` from now."""
@@ -354,7 +224,7 @@ class Runtime:
         runner = PipelineRunner(
             client=self.client, cfg=self.cfg, policy=schedule_policy(self.cfg), store=self.store,
             run_key=self.ctx.run_id, tokenizers={a: load_tokenizer(Path(d)) for a, d in self.model_dirs.items()},
-            engines=self.engines, rollout_slots=self.rollout_slots, trainers=self.trainers, slots=self.slots,
+            engines=self.engines, replicas=self.replicas, trainers=self.trainers, slots=self.slots,
             model_dirs=self.model_dirs, state_uri=self.state_uri, versions=self.versions,
             tasks=task_stream(self.cfg.data), on_event=on_event, train=train,
             snapshot_root=self.snapshot_root if train else None, on_submit=on_submit,

@@ -11,6 +11,9 @@
                                              its adapter in peft's format, adapter_config.json, and tokenizer)
 """
 
+import os
+from pathlib import Path
+
 from flexmarl.models.names import ADAPTER_CONFIG, MODEL_CONFIG  # noqa: F401 - a checkpoint holds one of them
 
 CONFIG_FILE = "config.yaml"
@@ -22,3 +25,8 @@ REWARDS_PICTURE = "rewards.png"
 STORE_DIR = "store"
 STATE_DIR = "state"
 CHECKPOINTS_DIR = "checkpoints"
+
+
+def store_uri(configured: str | None, run_dir: str | os.PathLike) -> str:
+    """The store of the run in ``run_dir``: the config's ``store.uri``, or ``RUN_DIR/store``."""
+    return configured or str(Path(run_dir).resolve() / STORE_DIR)

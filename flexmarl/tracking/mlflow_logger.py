@@ -15,7 +15,7 @@ class MlflowLogger:
     Args:
         tracking_uri: MLflow tracking URI (``sqlite:///...``, ``http://...``).
         experiment: experiment name; created when missing.
-        run_name: the MLflow run's name (the FlexMARL run id).
+        run_name: the MLflow run's name (the FlexMARL run id); the run of that name is continued if it exists.
         artifact_dir: artifact location of a newly created experiment (None: the server's default).
         tags: tags of the MLflow run.
     """
@@ -32,7 +32,15 @@ class MlflowLogger:
         else:
             location = artifact_dir.resolve().as_uri() if artifact_dir is not None else None
             experiment_id = self._client.create_experiment(experiment, artifact_location=location)
-        self.run_id = self._client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+        # A run id names one FlexMARL run: a second tracker of it (the flow's report, after the pipeline's
+        # tracker closed) continues its MLflow run instead of starting another.
+        found_runs = self._client.search_runs([experiment_id], filter_string=f"attributes.run_name = '{run_name}'",
+                                              max_results=1)
+        if found_runs:
+            self.run_id = found_runs[0].info.run_id
+            self._client.update_run(self.run_id, status="RUNNING")
+        else:
+            self.run_id = self._client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
 
     def log_params(self, params: dict[str, str], config_yaml: str) -> None:
         from mlflow.entities import Param

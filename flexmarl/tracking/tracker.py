@@ -1,7 +1,8 @@
 """``RunTracker``: the tracking backends a run's config turns on, fed from the driver as updates land.
 
-The training flow opens one around the pipeline and calls ``log_update`` for each agent update event (in
-the driver, never on a worker) and ``log_report`` once at the end. With tracking off it does nothing.
+The training flow's pipeline task opens one around the pipeline and calls ``log_update`` for each agent
+update event (in the driver, never on a worker); its report task opens one again, on the same MLflow run, and
+calls ``log_report`` once at the end. With tracking off it does nothing.
 
 Example:
     >>> with RunTracker(cfg.tracking, run_dir=run_dir, run_name=run_id, config=cfg) as tracker:
@@ -56,13 +57,28 @@ def flatten(data: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def check_tracking(cfg: TrackingConfig) -> None:
+    """Every backend ``cfg`` turns on has its package installed (a run's plan checks this before it starts).
+
+    Raises:
+        TrackingError: naming the setting and how to install the package.
+    """
+    for on, package, setting, install in (
+        (cfg.tensorboard, "tensorboard", "tracking.tensorboard", "pip install tensorboard"),
+        (cfg.mlflow, "mlflow", "tracking.mlflow", "pip install --no-deps mlflow-skinny: requirements-nodeps.txt"),
+    ):
+        if on and importlib.util.find_spec(package) is None:
+            raise TrackingError(f"{setting} is on but the {package} package is missing: run `make setup` "
+                                f"(or `{install}`), or set {setting}=false")
+
+
 class RunTracker:
     """The enabled backends of one run.
 
     Args:
         cfg: the run's ``tracking`` settings.
         run_dir: the run directory (TensorBoard files and the default MLflow store go there).
-        run_name: the run id, as the MLflow run's name.
+        run_name: the run id, as the MLflow run's name (a second tracker of the run continues that MLflow run).
         config: the resolved run config, logged as params.
 
     Raises:
@@ -71,13 +87,7 @@ class RunTracker:
     """
 
     def __init__(self, cfg: TrackingConfig, *, run_dir: str | Path, run_name: str, config: RunConfig) -> None:
-        for on, package, setting, install in (
-            (cfg.tensorboard, "tensorboard", "tracking.tensorboard", "pip install tensorboard"),
-            (cfg.mlflow, "mlflow", "tracking.mlflow", "pip install --no-deps mlflow-skinny: requirements-nodeps.txt"),
-        ):
-            if on and importlib.util.find_spec(package) is None:
-                raise TrackingError(f"{setting} is on but the {package} package is missing: run `make setup` "
-                                    f"(or `{install}`), or set {setting}=false")
+        check_tracking(cfg)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_name = run_name

@@ -4,8 +4,10 @@ A Prefect server (with its UI) on a free port, the `flexmarl-pool` process work 
 `flexmarl-train/tiny` from prefect.yaml and a `prefect worker` are real processes, started as a user would.
 The test runs the deployment, waits for the run, then drives Debian's chromium with Playwright: the flow
 run's Artifacts tab must lead to the per-agent metrics table, and the deployment's custom-run form must offer
-the training parameters with their types and the deployment's values. Screenshots land in the test's
-tmp_path and in `test-output/prefect-ui/` (gitignored).
+the training parameters with their types and the deployment's values. A second test runs `flexmarl train`
+as a newcomer's `make run` does (the run starts its own server): the "View at" link it prints must open the
+run in the UI while it trains, and after it, `prefect server start` on the same PREFECT_HOME must still show
+it. Screenshots land in the test's tmp_path and in `test-output/prefect-ui/` (gitignored).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
 
@@ -119,15 +122,21 @@ def prefect_env(tmp_path: Path) -> dict:
 @pytest.fixture
 def prefect_server(prefect_env: dict, tmp_path: Path) -> Iterator[str]:
     """`prefect server start` with its UI on a free port; yields the base URL (UI at /, API at /api)."""
+    with running_server(prefect_env, tmp_path / "server.log") as base:
+        yield base
+
+
+@contextmanager
+def running_server(prefect_env: dict, log: Path) -> Iterator[str]:
+    """`prefect server start` as a user runs it (its database under the env's PREFECT_HOME), on a free port."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     # the UI asks this URL for its API; left unset, it would call the default port 4200
     env = {**prefect_env, "PREFECT_UI_API_URL": f"{base}/api"}
-    log = tmp_path / "server.log"
     with log.open("wb") as out:
         server = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=log.parent, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
         def healthy() -> bool:
@@ -299,3 +308,69 @@ def check_custom_run_form(page: Page, base: str, deployment_id: UUID, shots: Pat
     page.keyboard.press("ArrowDown")  # opens the choices (a mouse click here toggles them twice)
     expect(page.get_by_role("listbox").get_by_role("option")).to_have_text(list(PRESETS))
     page.keyboard.press("Escape")
+
+
+# Prefect's flow engine logs this when the run starts, from the UI URL it derives from the API's
+VIEW_AT = re.compile(r"View at (http://127\.0\.0\.1:\d+)/runs/flow-run/([0-9a-f-]{36})")
+
+
+def test_the_link_flexmarl_train_prints_shows_the_run_while_it_trains_and_after(prefect_env: dict,
+                                                                               tmp_path: Path) -> None:
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    log = tmp_path / "train.log"
+    train_args = ["train", "--preset", "tiny", "--run-dir", str(tmp_path / "run"),
+                  "--set", "train.steps=6", "--set", "train.queries_per_step=2"]
+    with log.open("wb") as out:
+        train = subprocess.Popen([sys.executable, "-m", "flows.cli", *train_args], cwd=ROOT, env=prefect_env,
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def linked():
+            assert train.poll() is None, f"flexmarl train exited ({train.returncode}):\n{log_tail(log)}"
+            return VIEW_AT.search(log.read_text(errors="replace"))
+
+        found = wait_until("the 'View at' link of `flexmarl train`", linked, 300, detail=lambda: log_tail(log))
+        base, flow_run_id = found.group(1), UUID(found.group(2))
+        link = f"{base}/runs/flow-run/{flow_run_id}"
+        # the run's own server serves its UI (which, like any single-page app, answers a browser's request for
+        # a page, Accept: text/html; with the UI off it answered 404)
+        assert httpx.get(link, headers={"Accept": "text/html"}, timeout=30).status_code == 200
+        with SyncPrefectClient(f"{base}/api") as client:
+            name = client.read_flow_run(flow_run_id).name
+        with browser_page(tmp_path / "chromium-profile") as page:
+            page.goto(link)
+            expect(page.get_by_text(name, exact=True).first).to_be_visible()
+            page.screenshot(path=shots / "run-link-while-training.png", full_page=True)
+        assert train.poll() is None, "the run ended before its link was checked: it was not seen while training"
+        assert train.wait(timeout=RUN_TIMEOUT_S) == 0, log_tail(log)
+
+        # the run's server has stopped with it; a server a user starts on the same PREFECT_HOME shows the run
+        with running_server(prefect_env, tmp_path / "later-server.log") as later:
+            with SyncPrefectClient(f"{later}/api") as client:
+                assert client.read_flow_run(flow_run_id).state.is_completed()
+            with browser_page(tmp_path / "chromium-profile-later") as page:
+                page.goto(f"{later}/runs/flow-run/{flow_run_id}")
+                expect(page.get_by_text(name, exact=True).first).to_be_visible()
+                expect(page.get_by_text("Completed").first).to_be_visible()
+                page.screenshot(path=shots / "run-link-after.png", full_page=True)
+    finally:
+        stop_process_tree(train)
+        keep = ROOT / "test-output" / "prefect-ui-run-link"
+        shutil.rmtree(keep, ignore_errors=True)
+        shutil.copytree(shots, keep)
+
+
+@contextmanager
+def browser_page(profile: Path) -> Iterator[Page]:
+    """A page of headless Chromium with a fresh profile."""
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            yield page
+        finally:
+            browser.close()

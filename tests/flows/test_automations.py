@@ -11,7 +11,7 @@ from prefect.events.worker import EventsWorker
 
 from deployments.automations import resume_failed_runs
 from flows.train import train_run
-from tasks.updates import emit_run_failed
+from tasks.events import emit_run_failed
 
 
 def test_a_failed_run_gets_a_resume_run_of_its_directory(prefect_api, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def test_a_task_that_does_not_finish_is_named_at_the_bound(prefect_api, tmp_path
 
 @task(name="rollout-and-train", cache_policy=NO_CACHE)
 def dying_pipeline(ctx, placement) -> None:
-    # fault injection: the task fails before the runtime runs, so no event (not even the end) is ever sent
+    # fault injection: the task fails before the runtime runs, so it shows nothing of the run
     raise RuntimeError("the pipeline task died before it started")
 
 

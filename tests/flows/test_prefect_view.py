@@ -1,20 +1,35 @@
-"""What Prefect shows of a run: a real task run per agent update, with its true span and state, and events."""
+"""What Prefect shows of a run: a real task run per agent update, with its true span and state, and events.
+
+The pipeline task's view (``tasks/run_view.py``) shows what its pipeline tells; ``UpdateLedger`` decides
+when each update starts and how it ends, from the pipeline's records alone.
+"""
 
 from __future__ import annotations
 
 import base64
 import time
-from contextlib import contextmanager
+from pathlib import Path
+from typing import get_args
 
-from distributed import Client, LocalCluster
+import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
 from prefect.events.worker import EventsWorker
 
-from flexmarl.orchestrator.channel import RunChannel
-from flexmarl.orchestrator.records import AgentFailed, StepOpened, UpdateEvent, WeightSynced
-from tasks.updates import UpdateBoard
+from flexmarl.config import load_config
+from flexmarl.orchestrator.records import (
+    AgentFailed,
+    PipelineEvent,
+    Recovery,
+    StepOpened,
+    UpdateEvent,
+    WeightSynced,
+)
+from flexmarl.orchestrator.runtime import RunContext
+from tasks.events import EVENT_NAMES, event_name
+from tasks.run_view import RunView
+from tasks.updates import AgentUpdateError, Settled, UpdateKey, UpdateLedger, UpdateNotMade
 
 
 def task_runs(flow_run_id, expected: int | None = None, timeout_s: float = 60) -> dict:
@@ -46,15 +61,10 @@ def events_of(run_id: str, name: str, timeout_s: float = 30) -> list[dict]:
         time.sleep(1)
 
 
-@contextmanager
-def channel_of(run_id: str):
-    """A run's channel on a scheduler of its own, as the flow opens one on the run's cluster."""
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
-        channel = RunChannel(client, cluster.scheduler_address, run_id, connect_timeout_s=30)
-        try:
-            yield channel
-        finally:
-            channel.close()
+def view_of(tmp_path: Path) -> RunView:
+    """The view a pipeline task of the tiny preset opens (tracking off), for a run of two agents at v0."""
+    ctx = RunContext("run-test", str(tmp_path), str(tmp_path / "store"), "tcp://127.0.0.1:1")
+    return RunView(ctx, load_config(preset="tiny"), {"solver": 0, "verifier": 0})
 
 
 def test_every_agent_update_is_a_task_run_from_its_admission_to_its_sync(tiny_run) -> None:
@@ -83,19 +93,51 @@ def test_every_agent_update_is_a_task_run_from_its_admission_to_its_sync(tiny_ru
     assert all("staleness" in e["payload"] for e in updated)
 
 
-def test_an_update_fails_with_its_agents_error_and_the_others_end_cancelled(prefect_api) -> None:
+def test_the_ledger_makes_an_update_once_its_weights_reach_every_replica() -> None:
+    ledger = UpdateLedger()
+    assert ledger.on(StepOpened(0, ("solver", "verifier"))).started == (UpdateKey("solver", 1),
+                                                                          UpdateKey("verifier", 1))
+    update = UpdateEvent("solver", 0, 1, 8, 32, 0.5, {}, 1.0)
+    assert ledger.on(update).recorded == update
+    assert ledger.on(WeightSynced("solver", 1, "w0", 0.1, all_synced=False)).settled == ()  # one replica to go
+    assert ledger.on(WeightSynced("solver", 1, "w1", 0.1, all_synced=True)).settled == (
+        Settled(UpdateKey("solver", 1), update),)
+    (failed,) = ledger.on(AgentFailed("verifier", "WeightSyncError: timed out")).settled
+    assert failed.key == UpdateKey("verifier", 1) and isinstance(failed.outcome, AgentUpdateError)
+    assert ledger.close(None) == () and not ledger.waiting
+
+
+def test_the_ledger_settles_what_is_left_when_the_pipeline_ends() -> None:
+    ledger = UpdateLedger()
+    ledger.on(StepOpened(0, ("solver",)))
+    ledger.on(StepOpened(1, ("solver",)))
+    update = UpdateEvent("solver", 0, 1, 8, 32, 0.5, {}, 1.0)
+    ledger.on(update)  # recorded, its last sync never told: the run has it all the same
+    made, not_made = ledger.close("stopped")
+    assert made == Settled(UpdateKey("solver", 1), update)
+    assert not_made.key == UpdateKey("solver", 2) and isinstance(not_made.outcome, UpdateNotMade)
+    assert "the run ended before this update: stopped" in str(not_made.outcome)
+
+
+def test_every_pipeline_record_has_an_event_name_and_a_recovery_two() -> None:
+    assert set(get_args(PipelineEvent)) == {*EVENT_NAMES, Recovery}  # none left without a name
+    started = Recovery(("tcp://127.0.0.1:1",), "lost", 100.0)
+    assert event_name(started) == "flexmarl.recovery.started"
+    assert event_name(Recovery(started.workers, started.cause, 100.0, 103.5)) == "flexmarl.recovery.finished"
+
+
+def test_an_update_fails_with_its_agents_error_and_the_others_end_cancelled(prefect_api, tmp_path: Path) -> None:
     update = UpdateEvent("solver", 0, 1, 8, 32, 0.5, {"loss": 0.1}, 1.0)
 
     @flow
     def pipeline_told() -> None:
-        with channel_of("run-test") as channel:
-            board = UpdateBoard(channel)
-            board.on(StepOpened(0, ("solver", "verifier")))
-            board.on(StepOpened(1, ("solver",)))
-            board.on(update)
-            board.on(WeightSynced("solver", 1, "w0", 0.1, all_synced=True))
-            board.on(AgentFailed("verifier", "WeightSyncError: weight sync of agent 'verifier' to v1 timed out"))
-            board.close("the pipeline failed")
+        with pytest.raises(RuntimeError, match="the pipeline failed"), view_of(tmp_path) as view:
+            view.put(StepOpened(0, ("solver", "verifier")))
+            view.put(StepOpened(1, ("solver",)))
+            view.put(update)
+            view.put(WeightSynced("solver", 1, "w0", 0.1, all_synced=True))
+            view.put(AgentFailed("verifier", "WeightSyncError: weight sync of agent 'verifier' to v1 timed out"))
+            raise RuntimeError("the pipeline failed")
 
     state = pipeline_told(return_state=True)
     runs = task_runs(state.state_details.flow_run_id, expected=3)
@@ -106,24 +148,26 @@ def test_an_update_fails_with_its_agents_error_and_the_others_end_cancelled(pref
     assert "the pipeline failed" in runs["update-solver-v2"].state.message
 
 
-def test_an_update_waits_for_its_weights_to_reach_every_replica(prefect_api) -> None:
-    waiting: list[bool] = []
+def test_a_view_that_cannot_show_stops_the_pipeline_and_fails_with_its_error(prefect_api, tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    def api_gone(*args) -> None:  # fault injection: the progress artifact cannot be written
+        raise ConnectionError("the Prefect API went away")
+
+    monkeypatch.setattr("tasks.run_view.set_progress", api_gone)
+    stopped: list[bool] = []
 
     @flow
     def pipeline_told() -> None:
-        with channel_of("run-test") as channel:
-            board = UpdateBoard(channel)
-            board.on(StepOpened(0, ("solver",)))
-            board.on(UpdateEvent("solver", 0, 1, 8, 32, 0.5, {}, 1.0))
-            board.on(WeightSynced("solver", 1, "w0", 0.1, all_synced=False))
-            waiting.append(("solver", 1) in board.outcomes)  # not posted yet
-            board.on(WeightSynced("solver", 1, "w1", 0.1, all_synced=True))
-            waiting.append(("solver", 1) in board.outcomes)
-            board.close(None)
+        with pytest.raises(ConnectionError, match="went away"), view_of(tmp_path) as view:
+            view.put(StepOpened(0, ("solver", "verifier")))
+            view.put(UpdateEvent("solver", 0, 1, 8, 32, 0.5, {}, 1.0))
+            stopped.append(view.failed.wait(timeout=60))  # the loop's stop flag (StopSignal's `also`)
 
     state = pipeline_told(return_state=True)
-    assert waiting == [True, False]
-    assert task_runs(state.state_details.flow_run_id, expected=1)["update-solver-v1"].state.is_completed()
+    assert stopped == [True]
+    runs = task_runs(state.state_details.flow_run_id, expected=2)
+    assert runs["update-solver-v1"].state.is_completed()  # recorded: the run has it
+    assert runs["update-verifier-v1"].state.is_cancelled() and "went away" in runs["update-verifier-v1"].state.message
 
 
 def test_the_flow_run_shows_the_graph_and_the_agents_rewards_as_pictures(tiny_run) -> None:

@@ -1,7 +1,8 @@
 """Starting `flexmarl train` in a run directory: the lock, a start that committed nothing, verify before resume.
 
-The CLI runs in this process with the Prefect server and the flow replaced by stubs that record the call, so
-each test sees what the command decides before a run would start. Processes that hold a lock are real.
+The CLI runs in this process with the Prefect server and the flow replaced by stubs that record the call and
+the plan the CLI hands the flow, so each test sees what the command decides before a run would start.
+Processes that hold a lock are real.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flexmarl.config import load_config
-from flexmarl.orchestrator.runtime import prepare_run
+from flexmarl.run.plan import Start
+from flexmarl.run.prepare import prepare, prepare_run
 from flexmarl.run_lock import LOCK_FILE, is_locked, run_lock
 from flexmarl.run_start import check_resumable, clear_failed_start, never_committed
 
@@ -39,8 +41,10 @@ def bad_input_helpers():
 
 @pytest.fixture
 def cli(monkeypatch):
-    """``cli(args)``: the result, and whether it got as far as the flow (with which arguments)."""
+    """``cli(args)``: the result, and whether it got as far as the flow (with which arguments, and the plan
+    handed to it as ``plan``)."""
     from flows import cli as cli_module
+    from flexmarl.run.plan import held_plan
 
     reached: list[dict] = []
 
@@ -49,7 +53,7 @@ def cli(monkeypatch):
         yield "http://stub/api"
 
     def fake_flow(**kwargs):
-        reached.append(kwargs)
+        reached.append({**kwargs, "plan": held_plan()})
         run_dir = kwargs["run_dir"] or kwargs["resume"]
         return {"run_id": "stub", "wall_s": 0.0, "agents": {}, "run_dir": run_dir}
 
@@ -87,8 +91,11 @@ def test_a_start_that_failed_before_its_first_commit_is_taken_over(cli, tmp_path
     result, reached = cli(["train", "--preset", "tiny", "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert reached and reached[0]["run_dir"] == str(run_dir)
-    assert "took over an earlier start that failed before its first commit" in result.output
-    assert not (run_dir / "config.yaml").exists() and not (run_dir / "store").exists()
+    plan = reached[0]["plan"]
+    assert plan.start is Start.NEW and plan.takes_over
+    assert (run_dir / "config.yaml").exists()  # planned, not done: the flow carries the plan out
+    run = prepare(plan)
+    assert run.took_over and (run_dir / "attempts.txt").read_text().splitlines() == [run.run_id]  # the old one's gone
     assert (run_dir / "notes.txt").read_text() == "mine"
 
 
@@ -175,3 +182,20 @@ def test_a_flow_started_from_a_deployment_takes_the_lock_too(prefect_api, tmp_pa
         holder.kill()
         holder.wait()
     assert not (tmp_path / "run" / "config.yaml").exists()  # refused before the run wrote anything
+
+
+def test_a_run_is_planned_once_in_its_block_and_a_retry_again(tmp_path: Path, monkeypatch) -> None:
+    from dataclasses import replace
+
+    import flexmarl.run.plan as plan_module
+    from flexmarl.run.plan import RunRequest, locked_plan
+
+    planned, plan_run = [], plan_module.plan_run
+    monkeypatch.setattr(plan_module, "plan_run", lambda request: planned.append(request) or plan_run(request))
+    request = RunRequest(str(tmp_path / "run"), preset="tiny")
+    with locked_plan(request) as plan:  # `flexmarl train`
+        with locked_plan(request) as again:  # the flow it runs: nothing checked twice
+            assert again is plan
+        with locked_plan(replace(request, retry_of="a-flow-run-id")) as retry:  # a later attempt: planned again
+            assert retry is not plan and retry.start is Start.NEW  # that flow run started no run here
+    assert planned == [request, replace(request, retry_of="a-flow-run-id")]

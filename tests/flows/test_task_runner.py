@@ -1,5 +1,6 @@
-"""The training flow's tasks share no memory: under a process pool, where the pipeline and every waiting
-update task run in processes of their own, a run trains and shows each update as it does under threads."""
+"""The training flow's tasks share no memory: under a process pool, where the engines, the pipeline and the
+report tasks run in processes of their own, a run trains and shows each update as it does under threads
+(the pipeline task runs its update task runs in its own process, whatever the flow's task runner)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ def test_the_flow_trains_with_its_tasks_in_other_processes(prefect_api, tmp_path
     from flows.train import train_run
 
     steps = 2
-    # the pipeline task, and up to agents x (max_staleness + 1) update tasks waiting at once
-    runner = ProcessPoolTaskRunner(max_workers=6)
+    runner = ProcessPoolTaskRunner(max_workers=2)
     state = train_run.with_options(task_runner=runner)(
         preset="tiny", steps=steps, run_dir=str(tmp_path / "run"), overrides=["train.queries_per_step=2"],
         return_state=True,

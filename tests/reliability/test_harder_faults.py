@@ -25,7 +25,7 @@ from flexmarl.cluster.local import connect
 from flexmarl.config import RunConfig
 from flexmarl.models.loading import resolve_model
 from flexmarl.orchestrator.coverage import training_coverage
-from flexmarl.orchestrator.runtime import resume_config
+from flexmarl.run.plan import resume_config
 from flexmarl.training.replay import recorded_updates, replay
 from flexmarl.training.snapshots import SNAPSHOTS
 from flexmarl.training.state import META, WEIGHTS

@@ -17,7 +17,8 @@ import pytest
 
 from flexmarl.bench.chaos_bench import kill_at_commit
 from flexmarl.config import ConfigError, load_config
-from flexmarl.orchestrator.runtime import RunDirError, attempts, prepare_run, resume_config
+from flexmarl.run.plan import RunDirError, attempts, resume_config
+from flexmarl.run.prepare import prepare_run
 from storage.store import ExperienceStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,19 +78,21 @@ def test_a_prefect_retry_of_the_flow_run_resumes_it(
     prefect_api, tmp_path: Path, monkeypatch, settings: list[str], tiny_config, assert_exact, weights_of
 ) -> None:
     import flows.train as train_flow
+    import tasks.run_view as run_view
 
-    row = train_flow.update_row
+    progress = run_view.set_progress
     published = []
 
-    # fault injection: the first attempt fails at its first agent update. (At the second, on a loaded machine,
-    # the pipeline had sometimes made every update before the flow's stop reached it: nothing left to resume.)
-    def fails_once(event):
-        published.append(event)
+    # fault injection: the first attempt fails at its first agent update, where its pipeline task shows it.
+    # (At the second, on a loaded machine, the pipeline had sometimes made every update before the stop
+    # reached it: nothing left to resume.)
+    def fails_once(*args):
+        published.append(args)
         if len(published) == 1:
             raise RuntimeError("injected fault: the flow run's first attempt fails")
-        return row(event)
+        return progress(*args)
 
-    monkeypatch.setattr(train_flow, "update_row", fails_once)
+    monkeypatch.setattr(run_view, "set_progress", fails_once)
     run_dir = tmp_path / "run"
     report = train_flow.train_run.with_options(retries=1, retry_delay_seconds=0)(
         preset="tiny", overrides=settings, run_dir=str(run_dir)

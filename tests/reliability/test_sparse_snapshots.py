@@ -10,7 +10,7 @@ from flexmarl.bench.chaos_bench import WorkerFault, kill_driver, train
 from flexmarl.cluster.local import connect
 
 from .conftest import RESTART_WAIT_S
-from flexmarl.orchestrator.runtime import resume_config
+from flexmarl.run.plan import resume_config
 from flexmarl.training.snapshots import SNAPSHOTS, find_snapshot
 from storage.store import ExperienceStore
 

@@ -16,7 +16,8 @@ import pytest
 
 from flexmarl.bench.chaos_bench import WorkerFault
 from flexmarl.cluster.local import connect
-from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+from flexmarl.orchestrator.runtime import RunContext, Runtime
+from flexmarl.run.prepare import prepare_run
 
 from .conftest import RESTART_WAIT_S
 

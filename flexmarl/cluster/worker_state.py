@@ -18,12 +18,39 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from distributed import Client, WorkerPlugin, get_worker
 
 PLUGIN = "flexmarl-engines"
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """Names an agent's engines of one run on a worker (its replica, its trainer, what is read ahead for it).
+
+    Registry entries are ``"<kind>:<key>"``, so that a run's release (``release``) frees every engine of the run
+    by the prefix ``"<kind>:<run id>/"``.
+    """
+
+    run_id: str
+    agent: str
+    scope: str = ""  # a second engine of the agent besides its own: "~replay", a trainer that rebuilds a state
+
+    def __str__(self) -> str:
+        return "/".join(part for part in (self.run_id, self.scope, self.agent) if part)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What a job returned on its worker, and when it ran there (wall clock)."""
+
+    value: Any
+    start: float
+    end: float
+    worker: str
 
 
 class EngineReleased(LookupError):
@@ -123,17 +150,17 @@ def _limit_threads() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
-def timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float, float, str]:
-    """Run ``fn(*args)`` on this worker; return its value, wall-clock start and end, and the worker.
+def timed_call(fn: Callable[..., Any], *args: Any) -> Timed:
+    """Run ``fn(*args)`` on this worker; return its value, when it ran, and where.
 
-    A task whose engine its run has released returns None: the run ended, and nobody reads the value.
+    A job whose engine its run has released returns None: the run ended, and nobody reads the value.
     """
     start = time.time()
     try:
         value = fn(*args)
     except EngineReleased:
         value = None
-    return value, start, time.time(), worker_address()
+    return Timed(value, start, time.time(), worker_address())
 
 
 def release(prefix: str, dask_worker: Any = None) -> int:

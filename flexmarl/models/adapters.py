@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -33,14 +34,17 @@ from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.loading import load_model, meta_model, state_reference
 from flexmarl.models.names import ModelError
 
+if TYPE_CHECKING:
+    from flexmarl.cluster.worker_state import EngineKey
+
 _NAMES = itertools.count(1)  # adapter names are unique in a process: an agent's old and new trainer may overlap
 
 
-def host_key(engine_key: str, model_dir: str | Path) -> str:
-    """Where a worker keeps the base that an adapter agent's engine of ``engine_key`` (``"<run id>/<agent>"``)
-    shares: ``"<run id>/~base:<model dir>"`` (agent names cannot start with '~'), so that the run's release of
-    its engines frees it too."""
-    return f"{engine_key.rsplit('/', 1)[0]}/~base:{model_dir}"
+def host_key(engine_key: EngineKey, model_dir: str | Path) -> str:
+    """Where a worker keeps the base that an adapter agent's engine of ``engine_key`` shares:
+    ``"<run id>/~base:<model dir>"`` (agent names cannot start with '~'), so that the run's release of its
+    engines frees it too."""
+    return f"{engine_key.run_id}/~base:{model_dir}"
 
 
 def lora_config(adapter: AdapterConfig, base_dir: str | Path) -> LoraConfig:

@@ -23,7 +23,7 @@ from flexmarl.config import RunConfig
 from flexmarl.orchestrator.records import MicroBatchCommitted
 from flexmarl.orchestrator.resume import StoredResult, StoredRollout
 from flexmarl.orchestrator.scheduler import Scheduler
-from flexmarl.orchestrator.tasks import Commit, MicroBatch, Request, StepDone
+from flexmarl.orchestrator.commands import Commit, MicroBatch, Request, StepDone, StoredBatch
 from flexmarl.rollout.backend import GenerationResult
 from flexmarl.rollout.episodes import Episode, EpisodeGraph
 from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score, trainable_samples
@@ -111,7 +111,8 @@ class Collector:
         return self.store.open(table).transaction_version(app_id) or 0
 
     @contextmanager
-    def _timing_store(self) -> Iterator[None]:
+    def timing_store(self) -> Iterator[None]:
+        """Count the block's time as the driver's time in store writes."""
         start = time.perf_counter()
         yield
         self.store_write_s += time.perf_counter() - start
@@ -128,7 +129,7 @@ class Collector:
             self.replay.update(results)
             replay = set(results)
             for agent, stored in committed.items():
-                for mb in sched.micro[(agent, step)]:
+                for mb in sched.training.micro[(agent, step)]:
                     rows = stored.of_inputs(tasks[q].input_id for q in mb.queries)
                     if rows.num_rows:  # a micro-batch is committed in one append: some rows means all of them
                         self._mark_committed(sched, mb, rows, stored.version,
@@ -162,7 +163,7 @@ class Collector:
         if step not in self.stored.episode_steps:
             # one episodes commit per step (training does not wait on it); a resumed run's may be stored already
             self.episode_seq += 1
-            with self._timing_store():
+            with self.timing_store():
                 self.store.append_episodes(episode_rows(episodes), app_id="rollout:episodes", seq=self.episode_seq)
         if self.replay:  # stored results the step's episodes never reached (none, unless the graph changed)
             for ep in episodes:
@@ -184,11 +185,12 @@ class Collector:
                 continue
             rows = sample_rows([e for q in sorted(mb.queries) for e in episodes[q * g:(q + 1) * g]], mb.agent)
             self.seq[mb.agent] += 1
-            with self._timing_store():
+            with self.timing_store():
                 commit = self.store.append_samples(mb.agent, rows, app_id=f"rollout:{mb.agent}",
                                                    seq=self.seq[mb.agent])
             self._mark_committed(sched, mb, rows, commit.version, consumed=False)
-            done.append(MicroBatchCommitted(mb.agent, mb.step, rows.num_rows, len(mb.data[1]), commit.version))
+            done.append(MicroBatchCommitted(mb.agent, mb.step, rows.num_rows, len(mb.stored.sample_ids),
+                                            commit.version))
         return done
 
     def _mark_committed(self, sched: Scheduler, mb: MicroBatch, rows, version: int, *, consumed: bool) -> None:
@@ -203,7 +205,7 @@ class Collector:
             self.rewards[(mb.agent, mb.step)] += rewarded["reward"].to_pylist()
             self.lags[(mb.agent, mb.step)] += [mb.step - v for v in trained["policy_version"].to_pylist()]
             self.dropped[(mb.agent, mb.step)] += dropped
-        sched.committed(mb, time.time(), (version, ids), trainable=bool(ids), consumed=consumed)
+        sched.committed(mb, time.time(), StoredBatch(version, tuple(ids)), trainable=bool(ids), consumed=consumed)
 
     def update_stats(self, agent: str, step: int) -> tuple[float | None, float, int]:
         """(mean reward of the step's samples, mean staleness of those consumed, zero-variance groups dropped)

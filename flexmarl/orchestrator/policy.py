@@ -15,13 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
-# Task priorities on a worker are part of the task vocabulary: ``tasks.TaskKind``.
+from flexmarl.orchestrator.config import TrainMode
+
+# Job priorities on a worker are part of the commands' vocabulary: ``commands.JobKind``.
+
+
+class TrainingDue(Enum):
+    """What an agent's trainer should do next for its step."""
+
+    MICRO_BATCH = "micro-batch"  # train its oldest committed, unsubmitted micro-batch
+    OPTIMIZER_STEP = "optimizer step"  # the whole batch is committed and trained: end the update
 
 
 @dataclass(frozen=True)
 class SchedulePolicy:
-    mode: str  # "sync" or "flexmarl"
+    mode: TrainMode
     steps: int
     pipeline: bool  # train micro-batches while the rest of the batch is generated
     max_staleness: dict[str, int]  # per agent: how many versions behind a sample's generator may be
@@ -79,18 +89,18 @@ class SchedulePolicy:
 
     def training_due(
         self, agent: str, step: int, complete: dict[str, set[int]], *, ready: bool, queued: int, all_trained: bool
-    ) -> str | None:
-        """What ``agent``'s trainer should do next for ``step``: "micro", "finish" or nothing (None).
+    ) -> TrainingDue | None:
+        """What ``agent``'s trainer should do next for ``step``, or nothing (None).
 
-        "micro": train its oldest committed, unsubmitted micro-batch (``ready``). Up to ``queue_depth`` of them
-        wait on its slot (``queued``), so the slot never idles while the driver turns one around; gradients
-        sum in float64, so their order does not matter. "finish": the optimizer step, once the agent's whole
-        batch is committed and trained (``all_trained``).
+        A micro-batch: its oldest committed, unsubmitted one (``ready``). Up to ``queue_depth`` of them wait on
+        its slot (``queued``), so the slot never idles while the driver turns one around; gradients sum in
+        float64, so their order does not matter. The optimizer step: once the agent's whole batch is committed
+        and trained (``all_trained``).
         """
         if ready and queued < self.queue_depth and self.may_train(agent, step, complete):
-            return "micro"
+            return TrainingDue.MICRO_BATCH
         if step in complete[agent] and all_trained:
-            return "finish"
+            return TrainingDue.OPTIMIZER_STEP
         return None
 
     def training_work(self, agent: str, step: int, batches: Sequence, complete: dict[str, set[int]], *,
@@ -103,9 +113,9 @@ class SchedulePolicy:
         ready = [m for m in batches if m.committed and not m.submitted]
         due = self.training_due(agent, step, complete, ready=bool(ready), queued=queued,
                                 all_trained=all(m.trained for m in batches))
-        if due == "micro":
+        if due is TrainingDue.MICRO_BATCH:
             return ready[0].committed_at, ready[0]
-        if due == "finish":
+        if due is TrainingDue.OPTIMIZER_STEP:
             return max(m.committed_at for m in batches), None
         return None
 
@@ -140,11 +150,11 @@ def micro_batch_of(query_index: int, samples_per_query: int, micro_batch_size: i
     return query_index // queries_per_micro
 
 
-def deal_slots(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
-    """Replica slots as (worker, agent): slot i of every worker before slot i + 1, agents dealt in turn.
+def deal_replicas(agents: list[str], workers: list[str], per_worker: int) -> list[tuple[str, str]]:
+    """Rollout replicas as (worker, agent): replica i of every worker before replica i + 1, agents dealt in turn.
 
-    Every agent gets at least one slot, so a worker may hold more than ``per_worker`` when agents outnumber
-    the slots.
+    Every agent gets at least one replica, so a worker may hold more than ``per_worker`` when agents outnumber
+    the places.
     """
     places = [w for _ in range(per_worker) for w in workers]
     while len(places) < len(agents):

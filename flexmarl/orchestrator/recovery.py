@@ -3,9 +3,9 @@
 The supervisor (``supervisor.py``) only detects: it reports lost workers with ``lost`` and the live ones with
 ``rebuild``. Per-request seeds make regenerated samples identical, so:
 
-- the tasks pinned to a lost worker are given up (``Cancel``): its generation batches go back to the queue,
+- the jobs pinned to a lost worker are given up (``Cancel``): its generation batches go back to the queue,
   its weight syncs are dropped;
-- its replica slots are given back: at once one to each agent left without any, on a surviving worker, and
+- its replicas are given back: at once one to each agent left without any, on a surviving worker, and
   the rest on a new worker (a nanny's replacement) once the engines they need run there (``StartReplica``,
   loaded from the agent's snapshot of its current version; ``CatchUp`` if an update was recorded meanwhile);
 - each trainer it held is rebuilt on a live training slot (``Restore``) from the agent's snapshot of the
@@ -18,248 +18,221 @@ The supervisor (``supervisor.py``) only detects: it reports lost workers with ``
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from flexmarl.orchestrator.commands import ON_TRAINER, CatchUp, Cancel, InFlight, Job, JobKind, Restore, StartReplica, Sync
 from flexmarl.orchestrator.records import Recovery
-from flexmarl.orchestrator.tasks import (
-    ON_TRAINER, CatchUp, Cancel, Discard, Restore, StartReplica, Sync, Task, TaskKind,
-)
-from flexmarl.rollout.balancer import Replica
+from flexmarl.orchestrator.rollout_queues import RolloutQueues
+from flexmarl.orchestrator.training_bindings import TrainingBindings
 
 # given up with a lost trainer: what runs on it, moves and rebuilds of it, and syncs of weights from its memory
-_OF_TRAINER = ON_TRAINER | {TaskKind.RESUME, TaskKind.RESTORE, TaskKind.SYNC}
+_OF_TRAINER = ON_TRAINER | {JobKind.MOVE_STATE, JobKind.RESTORE, JobKind.SYNC}
 
 
 class RecoveryPlanner:
-    """Recovery decisions on the state of ``scheduler`` (a ``Scheduler``, which builds this planner: not
-    imported here, so that the two modules do not import each other); commands go to its outbox."""
+    """Recovery decisions on the scheduler's state: its ``rollout`` queues and ``training`` bindings, changed
+    through their named operations, and its ledger of jobs in flight. Commands go out through ``emit``;
+    ``touch`` tells the scheduler that decisions may have changed.
 
-    def __init__(self, scheduler) -> None:  # noqa: ANN001 - a Scheduler, see above
-        self.s = scheduler
+    Args:
+        agents: the agents.
+        rollout, training, inflight: the scheduler's state.
+        emit: the scheduler's way out for commands.
+        touch: ``touch(*agents)``, every agent when none is named.
+        balanced: inter-agent balancing is on (a replica may move to any agent, so a worker hosting one needs
+            every agent's engine).
+    """
+
+    def __init__(self, *, agents: Sequence[str], rollout: RolloutQueues, training: TrainingBindings,
+                 inflight: InFlight, emit: Callable[[object], None], touch: Callable[..., None],
+                 balanced: bool) -> None:
+        self.agents, self.rollout, self.training, self.inflight = list(agents), rollout, training, inflight
+        self.emit, self.touch, self.balanced = emit, touch, balanced
         self.restores: dict[str, int] = {}  # agent -> the version its trainer is being rebuilt at
-        self.lost_slots: Counter[str] = Counter()  # agent -> replica slots lost and not given back yet
-        self.pending_slots: dict[str, list[str]] = {}  # worker -> agents whose slots wait for engines there
-        self.recoveries: list[Recovery] = []
-        self.open: list[Recovery] = []
+        self.lost_replicas: Counter[str] = Counter()  # agent -> replicas lost and not given back yet
+        self.pending_replicas: dict[str, list[str]] = {}  # worker -> agents whose replicas wait for engines there
+        self.recoveries: list[Recovery] = []  # each recovery as it stands: started, or finished
+        self.told: list[Recovery] = []  # every record in the order it happened: each started, then finished
+        self._open: list[int] = []  # indexes into ``recoveries`` of those not finished
 
     @property
     def waiting(self) -> bool:
-        """Work waits for a worker: a trainer to rebuild, or an agent without any replica slot."""
-        return bool(self.restores) or any(not reps for reps in self.s.replicas.values())
+        """Work waits for a worker: a trainer to rebuild, or an agent without any replica."""
+        return bool(self.restores) or any(not reps for reps in self.rollout.replicas.values())
 
     @property
     def owed(self) -> bool:
-        return bool(+self.lost_slots)
+        return bool(+self.lost_replicas)
 
     def workers_in_use(self) -> set[str]:
-        """Workers that hold this run's engines or tasks."""
-        s = self.s
-        held = {rep.worker for reps in s.replicas.values() for rep in reps}
-        held |= {w for ws in s.engines.values() for w in ws}
-        return held | set(s.slots) | set(s.location.values()) | {t.worker for t in s.inflight}
+        """Workers that hold this run's engines or jobs."""
+        return self.rollout.workers() | self.training.workers() | {j.worker for j in self.inflight}
 
-    def _give_up(self, task: Task) -> None:
-        if self.s.inflight.pop(task):
-            self.s.outbox.append(Cancel(task))
+    def _give_up(self, job: Job) -> None:
+        if self.inflight.pop(job):
+            self.emit(Cancel(job))
 
     # ------------------------------------------------------------------ what a lost worker held
 
     def lost(self, lost: set[str], recovery: Recovery) -> None:
-        s = self.s
+        self._open.append(len(self.recoveries))
         self.recoveries.append(recovery)
-        self.open.append(recovery)
-        lost_trainers = {a for a in s.agents if s.location[a] in lost}
-        for task in s.inflight:
-            if task.worker not in lost:
+        self.told.append(recovery)
+        lost_trainers = {a for a in self.agents if self.training.location[a] in lost}
+        for job in self.inflight:
+            if job.worker not in lost:
                 continue
-            self._give_up(task)
-            if task.kind is TaskKind.GENERATE:  # generated again elsewhere: per-request seeds give the same samples
-                for r in task.requests:
-                    s._enqueue(r.step, r.episode, r.node)
-            elif task.kind is TaskKind.SYNC:
-                s.pending_syncs[task.agent] -= 1
-            elif task.kind in ON_TRAINER:  # these run where the trainer lives
-                lost_trainers.add(task.agent)
-        for agent in s.agents:
-            if s.bound.get(agent) in lost:  # a move to it was under way: the trainer is still where it was
-                s.bound[agent] = None
-            s.engines[agent] = [w for w in s.engines[agent] if w not in lost]
-            self.lost_slots[agent] += sum(rep.worker in lost for rep in s.replicas[agent])
-            s.replicas[agent][:] = [rep for rep in s.replicas[agent] if rep.worker not in lost]
+            self._give_up(job)
+            if job.kind is JobKind.GENERATE:  # generated again elsewhere: per-request seeds give the same samples
+                self.rollout.requeue(job.agent, job.requests)
+            elif job.kind is JobKind.SYNC:
+                self.training.lost_sync(job.agent)
+            elif job.kind in ON_TRAINER:  # these run where the trainer lives
+                lost_trainers.add(job.agent)
+        self.training.lose_workers(lost)
+        self.lost_replicas.update(self.rollout.lose_workers(lost))
         for worker in lost:
-            s.outstanding_tokens.pop(worker, None)
-            for agent in self.pending_slots.pop(worker, []):  # slots that waited for engines there
-                self.lost_slots[agent] += 1
-        s.engine_version = {k: v for k, v in s.engine_version.items() if k[1] not in lost}
-        s.prefetched = {a: w for a, w in s.prefetched.items() if w not in lost}
-        s.slots = [w for w in s.slots if w not in lost]
+            for agent in self.pending_replicas.pop(worker, []):  # replicas that waited for engines there
+                self.lost_replicas[agent] += 1
         for agent in sorted(lost_trainers):
             self._lose_trainer(agent)
-        for agent in s.agents:
-            self._unblock_if_idle(agent)
-        s.touch()
+        for agent in self.agents:
+            self.training.unblock_if_idle(agent, restoring=agent in self.restores)
+        self.touch()
 
     def _lose_trainer(self, agent: str) -> None:
         """Give up everything the agent's trainer was doing; it is rebuilt at the version the store records."""
-        s = self.s
-        for task in s.inflight.of(agent, *_OF_TRAINER):
-            self._give_up(task)
-        s.pending_syncs[agent] = 0
-        version = s.versions[agent]
-        for mb in s.micro.get((agent, version), []):  # the step is trained again, on the state of its start
-            if mb.committed and mb.trainable:
-                mb.submitted = mb.trained = False
-        s.queued[agent] = 0
-        s.bound[agent] = None
-        s.blocked[agent] = True
-        s.parked.discard(agent)  # written by the lost trainer, maybe only in part
-        prefetched = s.prefetched.pop(agent, None)
-        if prefetched is not None:
-            s.outbox.append(Discard(agent, prefetched))
-        self.restores[agent] = version
-
-    def _unblock_if_idle(self, agent: str) -> None:
-        s = self.s
-        if agent in self.restores or not s.blocked[agent] or s.pending_syncs[agent] > 0:
-            return
-        if not s.blocking(agent):
-            s.blocked[agent] = False
+        for job in self.inflight.of(agent, *_OF_TRAINER):
+            self._give_up(job)
+        self.restores[agent] = self.training.lose_trainer(agent)
 
     # ------------------------------------------------------------------ rebuilding
 
     def rebuild(self, rollout: list[str], training: list[str], *, slot_limit: int | None,
-                slots_per_worker: int) -> bool:
+                replicas_per_worker: int) -> bool:
         """With these live workers (by the resource they offer): add new training workers as slots, rebuild
-        lost trainers and replace lost replica slots (and the engines they need). True if it decided anything."""
-        s = self.s
+        lost trainers and replace lost replicas (and the engines they need). True if it decided anything."""
         acted = False
         for worker in training:
-            if worker not in s.slots and (slot_limit is None or len(s.slots) < slot_limit):
-                s.slots = sorted([*s.slots, worker])
+            if worker not in self.training.slots and (slot_limit is None or len(self.training.slots) < slot_limit):
+                self.training.add_slot(worker)
                 acted = True
         for agent, version in sorted(self.restores.items()):
-            if s.inflight.of(agent, TaskKind.RESTORE):
+            if self.inflight.of(agent, JobKind.RESTORE):
                 continue
             target = self._pick_slot(set(training))
             if target is None:
                 continue
-            s._emit(Restore(agent, target, version))
+            self.emit(Restore(agent, target, version))
             acted = True
-        acted = self._replace_slots(rollout, slots_per_worker) or acted
+        acted = self._replace_replicas(rollout, replicas_per_worker) or acted
         if acted:
-            s.touch()
+            self.touch()
         return acted
 
-    def _replace_slots(self, rollout: list[str], slots_per_worker: int) -> bool:
-        """Give lost replica slots back: first one to each agent left without any, on a live worker (loading
-        the agent's engine there if needed), then the rest on new workers, once the engines they need run."""
-        s = self.s
+    def _replace_replicas(self, rollout: list[str], replicas_per_worker: int) -> bool:
+        """Give lost replicas back: first one to each agent left without any, on a live worker (loading the
+        agent's engine there if needed), then the rest on new workers, once the engines they need run."""
         acted = False
-        pending = {a for agents in self.pending_slots.values() for a in agents}
-        for agent in s.agents:
-            if s.replicas[agent] or agent in pending:
+        pending = {a for agents in self.pending_replicas.values() for a in agents}
+        for agent in self.agents:
+            if self.rollout.replicas[agent] or agent in pending:
                 continue
             worker = self._pick_survivor(agent, rollout)
             if worker is not None:
-                self.lost_slots[agent] = max(self.lost_slots[agent] - 1, 0)
-                self._place_slot(agent, worker)
+                self.lost_replicas[agent] = max(self.lost_replicas[agent] - 1, 0)
+                self._place_replica(agent, worker)
                 acted = True
-        ours = {w for ws in s.engines.values() for w in ws} | set(self.pending_slots) | {
-            t.worker for t in s.inflight.of(None, TaskKind.START_REPLICA)}
+        ours = {w for ws in self.rollout.engines.values() for w in ws} | set(self.pending_replicas) | {
+            j.worker for j in self.inflight.of(None, JobKind.START_REPLICA)}
         for worker in (w for w in rollout if w not in ours):  # a new worker (a nanny's replacement)
-            debt = [a for a in s.agents for _ in range(self.lost_slots[a])]
+            debt = [a for a in self.agents for _ in range(self.lost_replicas[a])]
             if not debt:
                 break
-            for agent in debt[:slots_per_worker]:
-                self.lost_slots[agent] -= 1
-                self._place_slot(agent, worker)
+            for agent in debt[:replicas_per_worker]:
+                self.lost_replicas[agent] -= 1
+                self._place_replica(agent, worker)
             acted = True
         return acted
 
     def _engines_needed(self, agent: str) -> list[str]:
-        # with inter-agent balancing a slot may move to any agent: every agent's engine must be on its worker
-        return list(self.s.agents) if self.s.balancer is not None else [agent]
+        # with inter-agent balancing a replica may move to any agent: every agent's engine must be on its worker
+        return list(self.agents) if self.balanced else [agent]
 
-    def _place_slot(self, agent: str, worker: str) -> None:
-        """A slot of ``agent`` on ``worker``: at once if the engines it needs are there, else once they are."""
-        s = self.s
-        self.pending_slots.setdefault(worker, []).append(agent)
+    def _place_replica(self, agent: str, worker: str) -> None:
+        """A replica of ``agent`` on ``worker``: at once if the engines it needs are there, else once they are."""
+        self.pending_replicas.setdefault(worker, []).append(agent)
         for needed in self._engines_needed(agent):
-            if worker not in s.engines[needed] and not s.inflight.of(needed, TaskKind.START_REPLICA, worker=worker):
-                s._emit(StartReplica(needed, worker, s.versions[needed]))
-        self._open_slots(worker)
+            if worker not in self.rollout.engines[needed] and not self.inflight.of(
+                    needed, JobKind.START_REPLICA, worker=worker):
+                self.emit(StartReplica(needed, worker, self.training.versions[needed]))
+        self._open_replicas(worker)
 
-    def _open_slots(self, worker: str) -> None:
-        s = self.s
-        waiting = self.pending_slots.get(worker, [])
+    def _open_replicas(self, worker: str) -> None:
+        waiting = self.pending_replicas.get(worker, [])
         for agent in list(waiting):
-            if all(worker in s.engines[a] for a in self._engines_needed(agent)):
+            if self.rollout.has_engines(worker, self._engines_needed(agent)):
                 waiting.remove(agent)
-                s.replicas[agent].append(Replica(agent, worker))
+                self.rollout.add_replica(agent, worker)
         if not waiting:
-            self.pending_slots.pop(worker, None)
-        s.touch()
+            self.pending_replicas.pop(worker, None)
+        self.touch()
 
     def _pick_slot(self, live: set[str]) -> str | None:
         """The live training slot hosting the fewest agents (ties: by name)."""
-        s = self.s
-        candidates = [w for w in s.slots if w in live]
+        candidates = [w for w in self.training.slots if w in live]
         if not candidates:
             return None
-        hosted = Counter(s.location[a] for a in s.agents if a not in self.restores)
+        hosted = Counter(self.training.location[a] for a in self.agents if a not in self.restores)
         return min(candidates, key=lambda w: (hosted[w], w))
 
     def _pick_survivor(self, agent: str, rollout: list[str]) -> str | None:
-        """A live rollout worker for a slot of ``agent``: one holding the engines it needs first, then the one
-        holding fewest slots (ties: by name)."""
-        s = self.s
+        """A live rollout worker for a replica of ``agent``: one holding the engines it needs first, then the one
+        holding fewest replicas (ties: by name)."""
         if not rollout:
             return None
-        held = Counter(rep.worker for reps in s.replicas.values() for rep in reps)
-        ready = [w for w in rollout if all(w in s.engines[a] for a in self._engines_needed(agent))]
+        held = Counter(rep.worker for reps in self.rollout.replicas.values() for rep in reps)
+        ready = [w for w in rollout if self.rollout.has_engines(w, self._engines_needed(agent))]
         return min(ready or rollout, key=lambda w: (held[w], w))
 
-    # ------------------------------------------------------------------ the tasks it decided
+    # ------------------------------------------------------------------ the jobs it decided
 
-    def done(self, task: Task, value: object) -> None:
+    def done(self, job: Job, value: object) -> None:
         """A rebuild finished: a trainer restored, an engine started (``value``: nothing) or caught up
         (``value``: the version it reports)."""
-        s = self.s
-        agent = task.agent
-        if task.kind is TaskKind.RESTORE:
-            s.location[agent] = task.worker
+        agent = job.agent
+        if job.kind is JobKind.RESTORE:
+            self.training.restored(agent, job.worker)
             del self.restores[agent]
             self._resync(agent)
-        elif task.kind is TaskKind.START_REPLICA:
-            s.engines[agent].append(task.worker)
-            s.engine_version[(agent, task.worker)] = task.version
-            latest = s.versions[agent]
-            if task.version < latest:  # an update was recorded meanwhile: catch up from its snapshot
-                s._emit(CatchUp(agent, task.worker, latest))
-            self._open_slots(task.worker)
-        elif task.kind is TaskKind.CATCH_UP:
-            if (agent, task.worker) in s.engine_version:
-                s.engine_version[(agent, task.worker)] = max(s.engine_version[(agent, task.worker)], int(value))
-        s.touch(agent)
+        elif job.kind is JobKind.START_REPLICA:
+            self.rollout.engine_started(agent, job.worker, job.version)
+            latest = self.training.versions[agent]
+            if job.version < latest:  # an update was recorded meanwhile: catch up from its snapshot
+                self.emit(CatchUp(agent, job.worker, latest))
+            self._open_replicas(job.worker)
+        elif job.kind is JobKind.CATCH_UP:
+            self.rollout.caught_up(agent, job.worker, int(value))
+        self.touch(agent)
 
     def _resync(self, agent: str) -> None:
         """Bring the agent's engines to its recorded version from its snapshot; unblock it once they are."""
-        s = self.s
-        version = s.versions[agent]
-        behind = [w for w in s.engines[agent] if s.engine_version.get((agent, w), version) < version]
-        if not behind:
-            s.blocked[agent] = False
-            return
+        version = self.training.versions[agent]
+        behind = self.rollout.engines_behind(agent, version)
+        self.training.resync(agent, behind)
         for worker in behind:
-            s.pending_syncs[agent] += 1
-            s._emit(Sync(agent, worker, version, None))
+            self.emit(Sync(agent, worker, version, None))
 
     def check_recovered(self, now: float) -> None:
-        """Close the open recoveries once nothing waits to be rebuilt (``now``: the executor's clock)."""
-        s = self.s
-        if self.open and not self.restores and not self.pending_slots and all(s.replicas.values()) and not (
-                s.inflight.of(None, TaskKind.RESTORE, TaskKind.START_REPLICA)):
-            for recovery in self.open:
-                recovery.recovered_at = now
-            self.open.clear()
+        """Finish the open recoveries once nothing waits to be rebuilt (``now``: the executor's clock): each gets
+        a second record, with ``recovered_at``."""
+        if self._open and not self.restores and not self.pending_replicas and all(
+                self.rollout.replicas.values()) and not self.rebuilding():
+            for i in self._open:
+                self.recoveries[i] = replace(self.recoveries[i], recovered_at=now)
+                self.told.append(self.recoveries[i])
+            self._open.clear()
 
     def rebuilding(self) -> bool:
-        return bool(self.s.inflight.of(None, TaskKind.RESTORE, TaskKind.START_REPLICA))
+        return bool(self.inflight.of(None, JobKind.RESTORE, JobKind.START_REPLICA))

@@ -1,7 +1,7 @@
 """Detects lost and hung workers; what their work becomes is decided in ``recovery.py``.
 
 Dask's nanny restarts a killed worker process under a new address; the engines it held (rollout engines,
-trainers: ``cluster/worker_state.py``) are gone, and tasks pinned to the old address would wait forever.
+trainers: ``cluster/worker_state.py``) are gone, and jobs pinned to the old address would wait forever.
 The supervisor compares the scheduler's workers from the pipeline's loop; a worker that left, or came back
 under the same address as a new process, is lost, and ``RecoveryPlanner.lost`` decides what its work
 becomes. Each poll also offers the live workers to ``RecoveryPlanner.rebuild``.
@@ -36,7 +36,7 @@ KILL_WAIT_S = 10.0  # for a hung worker's nanny to kill it, and for the schedule
 class Supervisor:
     """Detects lost and hung workers of a pipeline and reports them to its ``recovery`` planner.
 
-    It runs in the pipeline's own thread (``poll`` from the loop, ``restart`` on a late task), so nothing here
+    It runs in the pipeline's own thread (``poll`` from the loop, ``restart`` on a late job), so nothing here
     needs a lock.
     """
 
@@ -48,7 +48,7 @@ class Supervisor:
         self.ids = {w: i.get("id") for w, i in info.items()}  # a worker restarted on the same address gets a new id
         now = time.time()
         self.heartbeats = {w: (i.get("last_seen"), now) for w, i in info.items()}
-        # Workers that ran something for us. A new worker is not judged by its heartbeat before its first task
+        # Workers that ran something for us. A new worker is not judged by its heartbeat before its first job
         # is done: importing torch in a fresh process can hold the interpreter for many seconds.
         self.proven = set(info)
         self.last_poll = now
@@ -85,7 +85,7 @@ class Supervisor:
             acted |= self.recovery.rebuild(
                 self._offering(info, self.cfg.cluster.rollout_resource),
                 self._offering(info, self.cfg.cluster.train_resource),
-                slot_limit=self.cfg.training.slots, slots_per_worker=self.cfg.rollout.slots_per_worker)
+                slot_limit=self.cfg.training.slots, replicas_per_worker=self.cfg.rollout.slots_per_worker)
         self.recovery.check_recovered(time.time())
         self._check_waiting(now)
         return acted
@@ -151,7 +151,7 @@ class Supervisor:
             return
         self.waiting_since = self.waiting_since or now
         if now - self.waiting_since > self.cfg.cluster.connect_timeout_s:
-            need = sorted(self.recovery.restores) or sorted(a for a, reps in self.recovery.s.replicas.items()
+            need = sorted(self.recovery.restores) or sorted(a for a, reps in self.recovery.rollout.replicas.items()
                                                             if not reps)
             raise ClusterError(
                 f"no live worker to rebuild the engines of {need} on within {self.cfg.cluster.connect_timeout_s:.0f}s "

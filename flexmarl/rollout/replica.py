@@ -12,7 +12,7 @@ import fsspec
 import torch
 from safetensors.torch import load as load_tensors
 
-from flexmarl.cluster.worker_state import engines, worker_address
+from flexmarl.cluster.worker_state import EngineKey, engines, worker_address
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.adapters import AdapterHost, host_key
 from flexmarl.rollout.adapter_backend import AdapterBackend
@@ -29,12 +29,13 @@ from flexmarl.rollout.vllm_adapter_backend import VLLMAdapterBackend
 from flexmarl.rollout.vllm_backend import VLLMBackend
 
 
-def _key(key: str) -> str:
+def _key(key: EngineKey | str) -> str:
     return f"replica:{key}"
 
 
 def open_backend(
-    model_dir: str, version: int, rollout: RolloutConfig, key: str = "", adapter: AdapterConfig | None = None
+    model_dir: str, version: int, rollout: RolloutConfig, key: EngineKey | None = None,
+    adapter: AdapterConfig | None = None,
 ) -> GenerationBackend:
     """The backend ``rollout.backend`` names, loaded and ready to generate; for an adapter agent, its adapter
     on this worker's shared base (``key``: the replica's)."""
@@ -42,18 +43,18 @@ def open_backend(
         engine = engines().get_or_start(
             _key(host_key(key, model_dir)),
             lambda: VLLMBackend(model_dir, settings=rollout.vllm, adapters=True).start())
-        return VLLMAdapterBackend(engine, key, adapter, version=version)
+        return VLLMAdapterBackend(engine, str(key), adapter, version=version)
     if adapter is not None:
         host = engines().get_or_start(_key(host_key(key, model_dir)),
                                       lambda: AdapterHost(model_dir, HFBackend.default_device()))
-        return AdapterBackend(host, key.rsplit("/", 1)[-1], adapter, version=version)
+        return AdapterBackend(host, key.agent, adapter, version=version)
     if rollout.backend == "vllm":
         return VLLMBackend(model_dir, version=version, settings=rollout.vllm).start()
     return HFBackend(model_dir, version=version)
 
 
 def start_replica(
-    key: str, model_dir: str, version: int, rollout: RolloutConfig | None = None, adapter: AdapterConfig | None = None
+    key: EngineKey, model_dir: str, version: int, rollout: RolloutConfig | None = None, adapter: AdapterConfig | None = None
 ) -> str:
     """Load the model on this worker (once), with the backend of ``rollout`` (default: hf); returns the address."""
     registry = engines()
@@ -62,23 +63,23 @@ def start_replica(
     return worker_address()
 
 
-def replica(key: str) -> GenerationBackend:
+def replica(key: EngineKey) -> GenerationBackend:
     return engines().lookup(
-        _key(key), f"no rollout replica {key!r} on worker {worker_address()}: it was never started or the worker "
+        _key(key), f"no rollout replica {str(key)!r} on worker {worker_address()}: it was never started or the worker "
         "restarted")
 
 
-def generate(key: str, requests: list[GenerationRequest]) -> list[GenerationResult]:
+def generate(key: EngineKey, requests: list[GenerationRequest]) -> list[GenerationResult]:
     return replica(key).generate(requests)
 
 
-def load_weights(key: str, version: int, state: dict[str, torch.Tensor]) -> int:
+def load_weights(key: EngineKey, version: int, state: dict[str, torch.Tensor]) -> int:
     """Apply a version-tagged weight update; returns the replica's version afterwards."""
     backend = replica(key)
     if version <= backend.version:
         return backend.version  # a re-run of an update already applied: nothing to do
     try:
-        backend.update_weights(WeightUpdate(key, version, state))
+        backend.update_weights(WeightUpdate(str(key), version, state))
     except WeightSyncError as exc:
         raise WeightSyncError(f"replica on {worker_address()}: {exc}") from None
     return backend.version
@@ -91,19 +92,19 @@ def read_weights(uri: str, storage_options: dict | None = None) -> dict[str, tor
 
 
 def restart_replica(
-    key: str, model_dir: str, version: int, rollout: RolloutConfig, weights_uri: str | None, storage_options: dict,
+    key: EngineKey, model_dir: str, version: int, rollout: RolloutConfig, weights_uri: str | None, storage_options: dict,
     adapter: AdapterConfig | None = None,
 ) -> str:
     """Build ``key``'s replica afresh on this worker (replacing any) at ``version``: the weights of
     ``weights_uri`` (a training-state snapshot's), or of ``model_dir`` at version 0. Returns the address."""
     backend = open_backend(model_dir, 0, rollout, key, adapter)
     if weights_uri is not None:
-        backend.update_weights(WeightUpdate(key, version, read_weights(weights_uri, storage_options)))
+        backend.update_weights(WeightUpdate(str(key), version, read_weights(weights_uri, storage_options)))
     engines().replace(_key(key), backend)
     return worker_address()
 
 
-def load_weights_from(key: str, version: int, weights_uri: str, storage_options: dict) -> int:
+def load_weights_from(key: EngineKey, version: int, weights_uri: str, storage_options: dict) -> int:
     """``load_weights`` from a training-state snapshot that every worker reaches, not from a trainer's memory."""
     if version <= replica(key).version:
         return replica(key).version

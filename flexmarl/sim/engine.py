@@ -4,8 +4,8 @@
 every decision (admission, request batching, replica slots and the inter-agent balancer, the micro-batch
 partition and its commits, training-slot binding, prefetches, moves and weight syncs) is the runtime's own
 code, so a change there changes the simulation. This module only decides how long things take and when they
-finish: a worker (a device group) runs its tasks highest priority first, ``lanes`` at a time (a Dask worker:
-one; a continuous-batching rollout engine: one per replica slot); each task's duration comes from the cost
+finish: a worker (a device group) runs its jobs highest priority first, ``lanes`` at a time (a Dask worker:
+one; a continuous-batching rollout engine: one per replica); each job's duration comes from the cost
 model (``costmodel.py``): a generation batch from the decode curve and the sampled response lengths, a
 micro-batch from its tokens, a swap, move or prefetch from the state size, a sync from the model's sync time.
 Nothing is tokenised, generated or trained.
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots
-from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
-from flexmarl.orchestrator.tasks import (
-    Commit, Discard, Finish, Generate, GroupDone, Park, Prefetch, RecordUpdate, Request, Resume, StepDone, Sync,
-    Task, TaskKind, Train,
+from flexmarl.orchestrator.commands import (
+    Commit, Discard, Finish, Generate, GroupDone, Job, JobKind, MoveState, Park, Prefetch, RecordUpdate, Request,
+    StepDone, Sync, Train,
 )
+from flexmarl.orchestrator.policy import SchedulePolicy, deal_replicas
+from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
 from flexmarl.rollout.balancer import InterAgentBalancer
 from flexmarl.sim.costmodel import Layout, SimPreset
 from flexmarl.sim.result import MODES, SPAN_KINDS, SimMode, SimResult, UpdateRecord, Worker
@@ -32,10 +32,10 @@ __all__ = ["MODES", "SPAN_KINDS", "SimMode", "SimResult", "Simulation", "UpdateR
 
 
 @dataclass
-class Job:
-    """A scheduler task on the simulated clock."""
+class Running:
+    """A scheduler job on the simulated clock."""
 
-    task: Task
+    job: Job
     duration: float = 0.0  # known at submission for generate, train, finish and sync; at start for the others
     start: float = 0.0
     swap_s: float = 0.0  # the part spent bringing the agent's state onto the devices
@@ -44,11 +44,11 @@ class Job:
 
     @property
     def agent(self) -> str:
-        return self.task.agent
+        return self.job.agent
 
     @property
-    def kind(self) -> TaskKind:
-        return self.task.kind
+    def kind(self) -> JobKind:
+        return self.job.kind
 
 
 class Simulation:
@@ -59,10 +59,11 @@ class Simulation:
         mode: the schedule.
         steps: optimizer steps per agent (default: the preset's).
         policy: the schedule policy (default: built from the mode, as ``runtime.schedule_policy`` does).
+        memo: the scheduler's memos (``Scheduler(memo=...)``); off, it asks every question afresh.
     """
 
     def __init__(self, preset: SimPreset, mode: str, *, steps: int | None = None,
-                 policy: SchedulePolicy | None = None) -> None:
+                 policy: SchedulePolicy | None = None, memo: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
         self.preset, self.mode_name, m = preset, mode, MODES[mode]
@@ -101,26 +102,26 @@ class Simulation:
         self.worker_index = {w.name: i for i, w in enumerate(self.workers)}
         slots = sorted(slot_names)
 
-        # ---- the scheduler, placed as the runtime places: replica slots dealt round-robin, engines of every
-        # agent everywhere when balancing, agents on the training slots round-robin (``place``)
-        rollout_slots = deal_slots(self.agents, rollout_names, wl.slots_per_worker)
-        engines = {a: list(rollout_names) if m.load_balance else sorted({w for w, x in rollout_slots if x == a})
+        # ---- the scheduler, placed as the runtime places: replicas dealt round-robin, engines of every agent
+        # everywhere when balancing, agents on the training slots round-robin (``place``)
+        replicas = deal_replicas(self.agents, rollout_names, wl.slots_per_worker)
+        engines = {a: list(rollout_names) if m.load_balance else sorted({w for w, x in replicas if x == a})
                    for a in self.agents}
         self.subreplicas = {  # data-parallel replicas of the agent's model on one rollout worker
             a: layout.devices_per_worker // preset.model_of(a).rollout_devices for a in self.agents
         }
-        # one slot's batch is split over the worker's data-parallel replicas, so it may be that many times larger
+        # one replica's batch is split over the worker's data-parallel copies, so it may be that many times larger
         shapes = {a: AgentShape(wl.micro_batch_size, preset.agents[a].response.max,
                                 wl.max_batch_size * max(1, self.subreplicas[a])) for a in self.agents}
         balancer = InterAgentBalancer(
             wl.balance_threshold, wl.balance_cooldown_s,
-            min_slots=1 if len(rollout_slots) >= len(self.agents) else 0, lanes=lanes,
+            min_replicas=1 if len(replicas) >= len(self.agents) else 0, lanes=lanes,
         ) if m.load_balance else None
         self.sched = Scheduler(
             policy=policy, graph=preset.expanded, agents=shapes, queries_per_step=wl.queries_per_step,
-            group_size=wl.group_size, rollout_slots=rollout_slots, engines=engines, slots=slots,
+            group_size=wl.group_size, replicas=replicas, engines=engines, slots=slots,
             location={a: slots[i % len(slots)] for i, a in enumerate(self.agents)},
-            versions={a: 0 for a in self.agents}, balancer=balancer,
+            versions={a: 0 for a in self.agents}, balancer=balancer, memo=memo,
         )
         self.step_table = {a: preset.model_of(a).step_seconds(np.arange(1, wl.max_batch_size + 1, dtype=float))
                            for a in self.agents}
@@ -131,7 +132,7 @@ class Simulation:
         self.lengths: dict[int, dict[str, np.ndarray]] = {}  # step -> node -> response length per episode
         self.prompts: dict[int, dict[str, np.ndarray]] = {}  # step -> node -> prompt length (set at dispatch)
         self.cost: dict[int, tuple[int, int]] = {}  # id(micro-batch) -> (samples, tokens the trainer processes)
-        self.held: dict[str, Job] = {}  # agent -> a resume waiting for its state's park
+        self.held: dict[str, Running] = {}  # agent -> a state move waiting for its state's park
         self.prefetch: dict[str, tuple[str, float | None]] = {}  # agent -> (slot, when its read ends; None: not begun)
         self.updates: list[UpdateRecord] = []
         self.tokens = 0
@@ -142,10 +143,10 @@ class Simulation:
     nodes_of = property(lambda self: self.sched.nodes_of)
     agent_of = property(lambda self: self.sched.agent_of)
     order = property(lambda self: self.sched.order)
-    waiting = property(lambda self: self.sched.waiting)
-    micro = property(lambda self: self.sched.micro)
+    waiting = property(lambda self: self.sched.rollout.waiting)
+    micro = property(lambda self: self.sched.training.micro)
     versions = property(lambda self: self.sched.versions)
-    replicas = property(lambda self: self.sched.replicas)
+    replicas = property(lambda self: self.sched.rollout.replicas)
 
     # ------------------------------------------------------------------ the loop
 
@@ -167,7 +168,8 @@ class Simulation:
         return SimResult(
             self.mode_name, self.now, target, self.workers, np.array(w, dtype=np.int32),
             np.array(k, dtype=np.int8), np.array(a, dtype=np.int16), np.array(s), np.array(e), self.agents,
-            self.updates, self.tokens, list(sched.balancer.moves) if sched.balancer else [], self.n_events,
+            self.updates, self.tokens, list(balancer.moves) if (balancer := sched.rollout.balancer) else [],
+            self.n_events,
         )
 
     def _open(self, step: int) -> None:
@@ -196,18 +198,18 @@ class Simulation:
             for request in payload:
                 self.sched.node_done(request)
         else:
-            worker, job = payload
-            worker.running.remove(job)
-            self._record_span(worker, job)
-            self._start_next(worker)  # the worker takes its next task before the driver hears of this one
-            self._finished(job)
+            worker, running = payload
+            worker.running.remove(running)
+            self._record_span(worker, running)
+            self._start_next(worker)  # the worker takes its next job before the driver hears of this one
+            self._finished(running)
 
     # ------------------------------------------------------------------ commands
 
     def _carry_out(self) -> None:
         sched = self.sched
         for cmd in sched.drain():
-            if isinstance(cmd, Task):
+            if isinstance(cmd, Job):
                 self._submit(cmd)
             elif isinstance(cmd, Commit):
                 self._commit(cmd)
@@ -217,7 +219,7 @@ class Simulation:
                 self.updates.append(UpdateRecord(cmd.agent, cmd.step, self.now, sum(c[0] for c in costs),
                                                  sum(c[1] for c in costs)))
             elif isinstance(cmd, Prefetch):  # a background read, after the park (if one is under way)
-                parking = sched.inflight.of(cmd.agent, TaskKind.PARK) or cmd.agent in self.held
+                parking = sched.inflight.of(cmd.agent, JobKind.PARK) or cmd.agent in self.held
                 self.prefetch[cmd.agent] = (cmd.worker, None if parking else self.now + self._move_s(cmd.agent))
             elif isinstance(cmd, Discard):
                 if not cmd.trainer and self.prefetch.get(cmd.agent, (None,))[0] == cmd.worker:
@@ -240,78 +242,78 @@ class Simulation:
             else:
                 self.sched.committed(mb, self.now)
 
-    def _submit(self, task: Task) -> None:
-        job = Job(task)
-        model = self.preset.model_of(task.agent)
-        if isinstance(task, Generate):
-            job.duration, job.generated, job.ends = self._generation_cost(task.agent, task.requests)
-        elif isinstance(task, Train):
-            samples_tokens = self.cost[id(task.batch)][1]
-            job.duration = samples_tokens / (model.train_tokens_per_s * self.worker[task.worker].devices) + (
+    def _submit(self, job: Job) -> None:
+        running = Running(job)
+        model = self.preset.model_of(job.agent)
+        if isinstance(job, Generate):
+            running.duration, running.generated, running.ends = self._generation_cost(job.agent, job.requests)
+        elif isinstance(job, Train):
+            samples_tokens = self.cost[id(job.batch)][1]
+            running.duration = samples_tokens / (model.train_tokens_per_s * self.worker[job.worker].devices) + (
                 model.train_overhead_s)
-        elif isinstance(task, Finish):
-            job.duration = model.optimizer_step_s
-        elif isinstance(task, Sync):
-            job.duration = model.weight_sync_s
-        elif isinstance(task, Resume) and self.sched.inflight.of(task.agent, TaskKind.PARK):
-            self.held[task.agent] = job  # resumed once its park is written (Dask waits on the park's future)
+        elif isinstance(job, Finish):
+            running.duration = model.optimizer_step_s
+        elif isinstance(job, Sync):
+            running.duration = model.weight_sync_s
+        elif isinstance(job, MoveState) and self.sched.inflight.of(job.agent, JobKind.PARK):
+            self.held[job.agent] = running  # resumed once its park is written (Dask waits on the park's future)
             return
-        self._queue(job)
+        self._queue(running)
 
-    def _queue(self, job: Job) -> None:
-        worker = self.worker[job.task.worker]
+    def _queue(self, running: Running) -> None:
+        worker = self.worker[running.job.worker]
         self.seq += 1
-        heapq.heappush(worker.queue, (-job.kind.priority, self.seq, job))
+        heapq.heappush(worker.queue, (-running.kind.priority, self.seq, running))
         self._start_next(worker)
 
     def _start_next(self, worker: Worker) -> None:
         overhead = self.preset.driver.task_overhead_s
         while worker.queue and len(worker.running) < worker.lanes:
-            _, _, job = heapq.heappop(worker.queue)
-            worker.running.append(job)
-            job.start = self.now
-            self._price_at_start(worker, job)
-            if job.ends is not None:  # streamed: each result when its sequence ends
-                requests, ends = job.task.requests, job.ends
+            _, _, running = heapq.heappop(worker.queue)
+            worker.running.append(running)
+            running.start = self.now
+            self._price_at_start(worker, running)
+            if running.ends is not None:  # streamed: each result when its sequence ends
+                requests, ends = running.job.requests, running.ends
                 interval = self.wl.stream_interval_s
                 if interval:  # results return in chunks, at most one per interval (and the last with the batch)
-                    ends = np.minimum(np.ceil(ends / interval) * interval, job.duration - job.swap_s)
+                    ends = np.minimum(np.ceil(ends / interval) * interval, running.duration - running.swap_s)
                 order = np.argsort(ends, kind="stable")
                 cut = np.flatnonzero(np.diff(ends[order])) + 1  # one event per distinct end time
-                begin = self.now + job.swap_s + overhead
+                begin = self.now + running.swap_s + overhead
                 for group in np.split(order, cut):
                     self._push(begin + float(ends[group[0]]), "part", [requests[i] for i in group])
-            self._push(self.now + job.duration + overhead, "done", (worker, job))
+            self._push(self.now + running.duration + overhead, "done", (worker, running))
 
-    def _price_at_start(self, worker: Worker, task: Job) -> None:
-        """Costs that depend on what the worker holds when the task starts: swaps of training state."""
+    def _price_at_start(self, worker: Worker, running: Running) -> None:
+        """Costs that depend on what the worker holds when the job starts: swaps of training state."""
         cluster = self.preset.cluster
         bw = cluster.swap_gb_per_s
-        if task.kind is TaskKind.GENERATE and worker.role == "both" and worker.resident is not None:
+        if running.kind is JobKind.GENERATE and worker.role == "both" and worker.resident is not None:
             # colocated: rollout needs the devices' memory, so the resident training state goes to host first
-            task.swap_s = self._swap_s(worker.resident, bw)
-            task.duration += task.swap_s
+            running.swap_s = self._swap_s(worker.resident, bw)
+            running.duration += running.swap_s
             worker.resident = None
-        elif task.kind in (TaskKind.TRAIN, TaskKind.FINISH):
-            if worker.resident != task.agent:
+        elif running.kind in (JobKind.TRAIN, JobKind.FINISH):
+            if worker.resident != running.agent:
                 previous = self._swap_s(worker.resident, bw) if worker.resident else 0.0
-                task.swap_s = self._swap_s(task.agent, bw) + previous
-                task.duration += task.swap_s
-                worker.resident = task.agent
-        elif task.kind is TaskKind.PARK:
-            task.duration = self._move_s(task.agent)
-            if worker.resident == task.agent:
+                running.swap_s = self._swap_s(running.agent, bw) + previous
+                running.duration += running.swap_s
+                worker.resident = running.agent
+        elif running.kind is JobKind.PARK:
+            running.duration = self._move_s(running.agent)
+            if worker.resident == running.agent:
                 worker.resident = None
-        elif task.kind is TaskKind.RESUME:
-            where, ready = self.prefetch.pop(task.agent, (None, None))
-            if task.task.prefetched and where == worker.name and ready is not None:
+        elif running.kind is JobKind.MOVE_STATE:
+            where, ready = self.prefetch.pop(running.agent, (None, None))
+            if running.job.prefetched and where == worker.name and ready is not None:
                 # read ahead into host memory while the slot trained: only the rest of the read, then the copy
-                task.duration = max(ready - self.now, 0.0) + self._swap_s(task.agent, bw)
+                running.duration = max(ready - self.now, 0.0) + self._swap_s(running.agent, bw)
             else:
-                task.duration = self._move_s(task.agent)
-            if worker.resident not in (None, task.agent):
-                task.duration += self._swap_s(worker.resident, bw)
-            worker.resident = task.agent
+                running.duration = self._move_s(running.agent)
+            if worker.resident not in (None, running.agent):
+                running.duration += self._swap_s(worker.resident, bw)
+            worker.resident = running.agent
 
     def _swap_s(self, agent: str, bw: float | None) -> float:
         return 0.0 if bw is None else self.preset.model_of(agent).state_gb / bw
@@ -319,7 +321,7 @@ class Simulation:
     def _move_s(self, agent: str) -> float:
         return self.preset.model_of(agent).state_gb / self.preset.cluster.move_gb_per_s
 
-    def _record_span(self, worker: Worker, job: Job) -> None:
+    def _record_span(self, worker: Worker, job: Running) -> None:
         w, k, a, s, e = self._spans
         wi, ai = self.worker_index[worker.name], self.agent_index[job.agent]
         start = job.start
@@ -328,20 +330,20 @@ class Simulation:
             start += job.swap_s
         w.append(wi), k.append(SPAN_KINDS.index(job.kind.span)), a.append(ai), s.append(start), e.append(self.now)
 
-    def _finished(self, job: Job) -> None:
-        task = job.task
-        self.sched.done(task)
-        if isinstance(task, Generate):
-            self.tokens += job.generated
-            if job.ends is None:  # static batching: every result returns with the batch
-                for request in task.requests:
+    def _finished(self, running: Running) -> None:
+        job = running.job
+        self.sched.done(job)
+        if isinstance(job, Generate):
+            self.tokens += running.generated
+            if running.ends is None:  # static batching: every result returns with the batch
+                for request in job.requests:
                     self.sched.node_done(request)
-        elif isinstance(task, Park):
-            held = self.held.pop(task.agent, None)
+        elif isinstance(job, Park):
+            held = self.held.pop(job.agent, None)
             if held is not None:
                 self._queue(held)
-            if task.agent in self.prefetch and self.prefetch[task.agent][1] is None:
-                self.prefetch[task.agent] = (self.prefetch[task.agent][0], self.now + self._move_s(task.agent))
+            if job.agent in self.prefetch and self.prefetch[job.agent][1] is None:
+                self.prefetch[job.agent] = (self.prefetch[job.agent][0], self.now + self._move_s(job.agent))
 
     def _generation_cost(self, agent: str, items: tuple[Request, ...]) -> tuple[float, int, np.ndarray | None]:
         """Seconds of one generation batch on a worker, the tokens it generates, and (continuous batching) when

@@ -49,8 +49,8 @@ class Worker:
     devices: int
     role: str  # "rollout", "train" or "both" (colocated)
     lanes: int = 1
-    queue: list = field(default_factory=list)  # heap of (-priority, seq, Job)
-    running: list = field(default_factory=list)  # the Jobs it runs now
+    queue: list = field(default_factory=list)  # heap of (-priority, seq, engine.Running)
+    running: list = field(default_factory=list)  # the jobs it runs now (engine.Running)
     resident: str | None = None  # the agent whose training state is on the devices
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flexmarl.cluster.worker_state import EngineKey
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.snapshots import (
@@ -94,7 +95,7 @@ def replay(trainer: AgentTrainer, store: ExperienceStore, updates: Sequence[Reco
 
 
 def rebuild_snapshot(
-    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int,
+    key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int,
     base: str | None, base_version: int, version: int, store: StoreSpec, root: str, storage_options: dict,
 ) -> int:
     """On a training worker: restore ``key``'s trainer from snapshot ``base`` (None: the model directory at v0),
@@ -111,7 +112,7 @@ def rebuild_snapshot(
 class StateSource:
     """Where a worker finds (or rebuilds) an agent's training state of ``version``: small, sent with a task."""
 
-    key: str  # the agent's engine key (``<run>/<agent>``)
+    key: EngineKey  # the agent's engines
     model_dir: str
     config: TrainerConfig
     temperature: float
@@ -123,7 +124,7 @@ class StateSource:
 
     @property
     def agent(self) -> str:
-        return self.key.rsplit("/", 1)[-1]
+        return self.key.agent
 
     @property
     def uri(self) -> str:
@@ -162,9 +163,8 @@ def ensure_snapshot(source: StateSource) -> str:
         if snapshot_problem(source.root, source.agent, source.version, source.storage_options) is None:
             return source.uri
         base = newest_whole_snapshot(source.root, source.agent, source.version, source.storage_options)
-        # the agent's name stays last; under the run's key, so that the run's release frees what it leaves
-        # (an adapter agent's own base)
-        scratch = f"{source.key.rsplit('/', 1)[0]}/~replay/{source.agent}"
+        # under the run's key, so that the run's release frees what it leaves (an adapter agent's own base)
+        scratch = replace(source.key, scope="~replay")
         try:
             rebuild_snapshot(scratch, source.model_dir, source.config, source.temperature, source.max_new_tokens,
                              snapshot_uri(source.root, source.agent, base) if base else None, base, source.version,

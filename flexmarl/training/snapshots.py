@@ -34,7 +34,7 @@ from filelock import FileLock
 from fsspec.implementations.local import LocalFileSystem
 from safetensors.torch import load as load_tensors
 
-from flexmarl.cluster.worker_state import engines, worker_address
+from flexmarl.cluster.worker_state import EngineKey, engines, worker_address
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.state import DEVICE, META, WEIGHTS, HostCopy, TrainingState, state_problem
@@ -133,7 +133,7 @@ def require_snapshot(root: str | None, agent: str, version: int, storage_options
     return uri
 
 
-def save_snapshot(key: str, root: str, version: int, storage_options: dict, background: bool = False) -> int:
+def save_snapshot(key: EngineKey, root: str, version: int, storage_options: dict, background: bool = False) -> int:
     """Write the trainer ``key``'s whole state as its snapshot of ``version`` (runs on its worker); returns the
     bytes of its tensors.
 
@@ -146,7 +146,7 @@ def save_snapshot(key: str, root: str, version: int, storage_options: dict, back
     wait_for_write(key)
     trainer = slot.trainer(key)
     if trainer.version != version:
-        raise RuntimeError(f"trainer {key!r} is at v{trainer.version}, not v{version}: refusing to snapshot it")
+        raise RuntimeError(f"trainer {str(key)!r} is at v{trainer.version}, not v{version}: refusing to snapshot it")
     uri = snapshot_uri(root, trainer.agent, version)
     if not background:
         return TrainingState.of(trainer).to(uri, storage_options=storage_options).stored_bytes
@@ -172,7 +172,7 @@ def _write(copy: HostCopy, uri: str, storage_options: dict, lock: FileLock | Non
             lock.release()
 
 
-def wait_for_write(key: str) -> None:
+def wait_for_write(key: EngineKey) -> None:
     """Wait for the background write of trainer ``key``'s snapshot, if one is in flight here; raise its error."""
     pending: Future | None = engines().pop(f"{WRITES}:{key}", None)
     if pending is not None:
@@ -180,7 +180,7 @@ def wait_for_write(key: str) -> None:
 
 
 def restore_trainer(
-    key: str, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int,
+    key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int,
     snapshot: str | None, version: int, storage_options: dict,
 ) -> str:
     """Build ``key``'s trainer afresh on this worker (replacing any it holds) from its snapshot of ``version``,
@@ -188,7 +188,7 @@ def restore_trainer(
 
     A fresh trainer holds no accumulated gradient: the step it was in is trained again from its start.
     """
-    agent = key.rsplit("/", 1)[-1]
+    agent = key.agent
     trainer = slot.build_trainer(key, model_dir, config, temperature, max_new_tokens)
     if snapshot is not None:
         TrainingState.at(agent, snapshot, storage_options=storage_options).to(DEVICE, trainer=trainer)

@@ -1,4 +1,4 @@
-"""A scripted executor for the scheduler: no cluster, no clock, no store; tasks finish in a chosen order."""
+"""A scripted executor for the scheduler: no cluster, no clock, no store; jobs finish in a chosen order."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from flexmarl.meg.graph import DeclaredNode, expand
 from flexmarl.orchestrator.policy import SchedulePolicy
 from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
-from flexmarl.orchestrator.tasks import (
-    Cancel, Commit, Discard, GroupDone, Prefetch, RecordUpdate, Replay, StepDone, Task, TaskKind,
+from flexmarl.orchestrator.commands import (
+    Cancel, Commit, Discard, GroupDone, Prefetch, RecordUpdate, Replay, StepDone, Job, JobKind,
 )
 from flexmarl.rollout.balancer import InterAgentBalancer
 
@@ -27,24 +27,24 @@ def make(mode: str = "flexmarl", *, steps: int = 2, staleness: int = 0, pipeline
     policy = SchedulePolicy(mode=mode, steps=steps, pipeline=pipeline, max_staleness={a: staleness for a in AGENTS},
                             micro_batch_generation=micro_batch_generation)
     shapes = {a: AgentShape(micro, 8, batch_limit, a in agent_wise) for a in AGENTS}
-    rollout_slots = [(w, AGENTS[i % 3]) for i, w in enumerate([w for _ in range(per_worker) for w in rollout])]
+    replicas = [(w, AGENTS[i % 3]) for i, w in enumerate([w for _ in range(per_worker) for w in rollout])]
     return Scheduler(
         policy=policy, graph=GRAPH, agents=shapes, queries_per_step=queries, group_size=group,
-        rollout_slots=rollout_slots, engines={a: list(rollout) for a in AGENTS}, slots=list(slots),
+        replicas=replicas, engines={a: list(rollout) for a in AGENTS}, slots=list(slots),
         location=location or {a: slots[i % len(slots)] for i, a in enumerate(AGENTS)},
         versions=versions or {a: 0 for a in AGENTS},
         balancer=InterAgentBalancer(threshold=1, cooldown_s=0) if balance else None, snapshot_every=snapshot_every)
 
 
 class Script:
-    """Carries out a scheduler's commands at once and finishes its tasks when told (``finish``), or in a
+    """Carries out a scheduler's commands at once and finishes its jobs when told (``finish``), or in a
     seeded random order (``run``). Everything it saw is kept for the test to read."""
 
     def __init__(self, sched: Scheduler) -> None:
         self.s = sched
-        self.running: list[Task] = []
+        self.running: list[Job] = []
         self.log: list[object] = []
-        self.trained: list[tuple[str, int, int]] = []  # (agent, step, micro-batch index), each train task done
+        self.trained: list[tuple[str, int, int]] = []  # (agent, step, micro-batch index), each training job done
         self.now = 0.0
 
     def turn(self) -> None:
@@ -58,7 +58,7 @@ class Script:
     def carry_out(self) -> None:
         for cmd in self.s.drain():
             self.log.append(cmd)
-            if isinstance(cmd, Task):
+            if isinstance(cmd, Job):
                 self.running.append(cmd)
             elif isinstance(cmd, Commit):
                 for mb in cmd.batches:
@@ -66,21 +66,21 @@ class Script:
             elif isinstance(cmd, RecordUpdate):
                 self.s.updated(cmd.agent, cmd.step, cmd.step + 1)
             elif isinstance(cmd, Cancel):
-                self.running.remove(cmd.task)
+                self.running.remove(cmd.job)
             elif not isinstance(cmd, (GroupDone, StepDone, Prefetch, Discard, Replay)):
                 raise TypeError(cmd)
 
-    def finish(self, task: Task, value: object = None) -> None:
-        self.running.remove(task)
+    def finish(self, job: Job, value: object = None) -> None:
+        self.running.remove(job)
         self.now += 1.0
-        if self.s.done(task, value) and task.kind is TaskKind.GENERATE:
-            for r in task.requests:
+        if self.s.done(job, value) and job.kind is JobKind.GENERATE:
+            for r in job.requests:
                 self.s.node_done(r)
-        if task.kind is TaskKind.TRAIN:
-            self.trained.append((task.agent, task.batch.step, task.batch.index))
+        if job.kind is JobKind.TRAIN:
+            self.trained.append((job.agent, job.batch.step, job.batch.index))
         self.carry_out()
 
-    def tasks(self, kind: TaskKind, agent: str | None = None) -> list[Task]:
+    def jobs(self, kind: JobKind, agent: str | None = None) -> list[Job]:
         return [t for t in self.running if t.kind is kind and (agent is None or t.agent == agent)]
 
     def run(self, seed: int = 0, target: int | None = None, limit: int = 100_000) -> None:

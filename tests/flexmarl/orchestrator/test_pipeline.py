@@ -18,6 +18,8 @@ from flexmarl.config import load_config
 from flexmarl.workloads.registry import REWARDS
 from storage.store import ExperienceStore
 
+pytestmark = pytest.mark.cluster  # a real cluster and training runs: the module takes a minute or more
+
 SMALL = ["train.steps=2", "train.queries_per_step=4", "train.group_size=2", "training.micro_batch_size=4"]
 
 
@@ -99,10 +101,12 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
     from flexmarl.rollout import replica
     from flexmarl.rollout.backend import WeightSyncError
 
-    hang_over = tmp_path / "hang-over"  # a file, not an Event: the task function must pickle
+    release, hang_over = tmp_path / "release", tmp_path / "hang-over"  # files, not Events: the function must pickle
 
-    def hanging_load_weights(key, version, state):  # fault injection: a replica that does not answer
-        _time.sleep(12)
+    def hanging_load_weights(key, version, state):  # fault injection: a replica that does not answer until released
+        start = _time.monotonic()
+        while not release.exists() and _time.monotonic() - start < 120:  # the bound: should the test never release
+            _time.sleep(0.05)
         hang_over.touch()
 
     # an in-process (threads) cluster, so that the patched function is what the workers run
@@ -111,7 +115,8 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         from flexmarl.orchestrator.records import AgentFailed
-        from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+        from flexmarl.orchestrator.runtime import RunContext, Runtime
+        from flexmarl.run.prepare import prepare_run
 
         cfg = load_config(preset="tiny", overrides=[*SMALL, "rollout.sync_timeout_s=2"])
         run_id, store_uri = prepare_run(cfg, tmp_path / "hang")
@@ -121,17 +126,20 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
             runtime.start_engines()
             with pytest.raises(WeightSyncError, match=r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s") as err:
                 runtime.run(on_event=events.append)
+            assert not hang_over.exists()  # it failed at its timeout, while the replica still hung
         finally:
+            release.touch()  # the hung syncs return now, not 120 s later
             runtime.close()
-        assert not hang_over.exists()  # it failed at its timeout, not when the replica came back
         # the caller was told whose task failed the run (the flow fails that agent's update task run with it)
         told = [e for e in events if isinstance(e, AgentFailed)]
         agent = str(err.value).split("'")[1]
         assert [e.agent for e in told] == [agent] and "did not finish within 2s" in told[0].error
+    assert hang_over.exists()  # released, the hung syncs ended: closing the cluster waited for its worker threads
 
 
 def test_an_agent_moves_to_a_free_slot_with_its_whole_state(tmp_path: Path, address: str) -> None:
-    from flexmarl.orchestrator.runtime import RunContext, Runtime, prepare_run
+    from flexmarl.orchestrator.runtime import RunContext, Runtime
+    from flexmarl.run.prepare import prepare_run
 
     cfg = load_config(preset="fan_out", overrides=[*SMALL, *MODES["flexmarl"]])
     _, reference = run_mode(cfg, tmp_path / "reference", address)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from flexmarl.orchestrator.policy import SchedulePolicy, deal_slots, micro_batch_of
+from flexmarl.orchestrator.policy import SchedulePolicy, TrainingDue, deal_replicas, micro_batch_of
 
 
 def policy(mode: str = "flexmarl", *, pipeline: bool = True, k: int = 0) -> SchedulePolicy:
@@ -65,11 +65,11 @@ def test_layered_rollout_opens_a_layer_once_every_earlier_one_is_done() -> None:
 def test_training_due_micro_batches_up_to_the_queue_depth_then_the_optimizer_step() -> None:
     complete = {"a": set(), "b": set()}
     p = policy()
-    assert p.training_due("a", 0, complete, ready=True, queued=1, all_trained=False) == "micro"
+    assert p.training_due("a", 0, complete, ready=True, queued=1, all_trained=False) is TrainingDue.MICRO_BATCH
     assert p.training_due("a", 0, complete, ready=True, queued=2, all_trained=False) is None  # slot queue full
     assert policy(pipeline=False).training_due("a", 0, complete, ready=True, queued=0, all_trained=False) is None
     done = {"a": {0}, "b": set()}
-    assert p.training_due("a", 0, done, ready=False, queued=0, all_trained=True) == "finish"
+    assert p.training_due("a", 0, done, ready=False, queued=0, all_trained=True) is TrainingDue.OPTIMIZER_STEP
     assert p.training_due("a", 0, done, ready=False, queued=1, all_trained=False) is None
 
 
@@ -81,6 +81,6 @@ def test_a_training_slot_is_the_first_preferred_one_that_is_free() -> None:
 
 
 def test_replica_slots_are_dealt_round_robin_and_every_agent_gets_one() -> None:
-    assert deal_slots(["p", "s", "a"], ["w0", "w1"], 2) == [("w0", "p"), ("w1", "s"), ("w0", "a"), ("w1", "p")]
-    dealt = deal_slots([f"a{i}" for i in range(5)], ["w0", "w1"], 1)
+    assert deal_replicas(["p", "s", "a"], ["w0", "w1"], 2) == [("w0", "p"), ("w1", "s"), ("w0", "a"), ("w1", "p")]
+    dealt = deal_replicas([f"a{i}" for i in range(5)], ["w0", "w1"], 1)
     assert sorted(a for _, a in dealt) == sorted([f"a{i}" for i in range(5)] + ["a0"])

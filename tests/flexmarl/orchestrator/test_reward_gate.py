@@ -7,7 +7,7 @@ from concurrent.futures import Future
 import pytest
 
 from flexmarl.orchestrator.collector import RewardGate
-from flexmarl.orchestrator.tasks import Commit, MicroBatch, StepDone
+from flexmarl.orchestrator.commands import Commit, MicroBatch, StepDone
 
 
 def commit(step: int, *queries: int) -> Commit:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from flexmarl.orchestrator.tasks import (
-    Commit, Discard, Generate, Prefetch, RecordUpdate, Resume, Snapshot, Sync, TaskKind, Train,
+from flexmarl.orchestrator.commands import (
+    Commit, Discard, Generate, Prefetch, RecordUpdate, MoveState, Snapshot, Sync, JobKind, Train,
 )
 
-G = TaskKind.GENERATE
+G = JobKind.GENERATE
 
 
 @pytest.mark.parametrize("mode,staleness,pipeline", [("flexmarl", 0, True), ("flexmarl", 1, True),
@@ -24,23 +24,23 @@ def test_every_micro_batch_is_trained_exactly_once_in_any_completion_order(sched
                                        for step in range(3) for i in range(4))
     generated = [r.sample_id for t in s.log if isinstance(t, Generate) for r in t.requests]
     assert len(generated) == len(set(generated)) == 3 * 4 * 2 * 4  # steps x queries x group x nodes
-    assert not s.s.inflight and not s.s.micro and not any(s.s.waiting.values())
+    assert not s.s.inflight and not s.s.training.micro and not any(s.s.rollout.waiting.values())
 
 
 def test_a_node_waits_for_its_parents_and_sync_mode_for_the_whole_layer(scheduler, script) -> None:
     s = script(scheduler("sync", queries=2, group=1, micro=1))
     s.turn()
-    assert {t.agent for t in s.tasks(G)} == {"planner"}
-    first = s.tasks(G)[0]
+    assert {t.agent for t in s.jobs(G)} == {"planner"}
+    first = s.jobs(G)[0]
     done = first.requests[0]
-    if len(first.requests) > 1 or len(s.tasks(G)) > 1:  # both episodes' plans in flight
+    if len(first.requests) > 1 or len(s.jobs(G)) > 1:  # both episodes' plans in flight
         s.s.done(first)
         s.running.remove(first)
         s.s.node_done(done)
         s.carry_out()
         s.turn()
         # layered: the solver waits for every plan of the step, not only for its own episode's
-        assert not s.tasks(G, "solver")
+        assert not s.jobs(G, "solver")
 
 
 def test_a_committed_micro_batch_trains_while_the_batch_is_still_generated(scheduler, script) -> None:
@@ -48,12 +48,12 @@ def test_a_committed_micro_batch_trains_while_the_batch_is_still_generated(sched
     # run until the first commit of the solver, then check it trains before the rest of the step is rolled out
     for _ in range(200):
         s.turn()
-        if s.tasks(TaskKind.TRAIN):
+        if s.jobs(JobKind.TRAIN):
             break
         s.finish(s.running[0])
-    train = s.tasks(TaskKind.TRAIN)[0]
+    train = s.jobs(JobKind.TRAIN)[0]
     assert isinstance(train, Train) and train.batch.committed
-    assert not all(mb.committed for mb in s.s.micro[(train.agent, 0)])  # the batch is still being generated
+    assert not all(mb.committed for mb in s.s.training.micro[(train.agent, 0)])  # the batch is still being generated
 
 
 def test_agent_wise_advantages_commit_the_agents_whole_batch_at_once(scheduler, script) -> None:
@@ -74,7 +74,7 @@ def test_staleness_zero_generates_a_step_only_with_that_steps_weights(scheduler,
             break
         task = s.running[0]
         if isinstance(task, Generate):
-            version = s.s.engine_version[(task.agent, task.worker)]
+            version = s.s.rollout.engine_version[(task.agent, task.worker)]
             seen += [(r.step, version) for r in task.requests]
         s.finish(task)
     assert seen and all(step == version for step, version in seen)
@@ -90,7 +90,7 @@ def test_an_agent_waiting_for_a_slot_has_its_state_prefetched_to_the_slot_that_f
         if not s.running:
             break
         task = s.running[0]
-        if isinstance(task, Resume):
+        if isinstance(task, MoveState):
             resumes.append(task)
         s.finish(task)
     prefetches = [c for c in s.log if isinstance(c, Prefetch)]
@@ -101,24 +101,24 @@ def test_an_agent_waiting_for_a_slot_has_its_state_prefetched_to_the_slot_that_f
     assert all(r.prefetched == ((r.agent, r.worker) in ahead) for r in resumes)
     discarded = {(d.agent, d.worker) for d in s.log if isinstance(d, Discard) and not d.trainer}
     assert ahead <= discarded | {(r.agent, r.worker) for r in resumes if r.prefetched}
-    assert not s.s.prefetched
+    assert not s.s.training.prefetched
 
 
 def test_weights_reach_every_engine_of_the_agent_before_it_trains_again(scheduler, script) -> None:
     s = script(scheduler("flexmarl", steps=2))
     for _ in range(10_000):
         s.turn()
-        syncs = s.tasks(TaskKind.SYNC)
+        syncs = s.jobs(JobKind.SYNC)
         if syncs:
             break
         s.finish(s.running[0])
     agent = syncs[0].agent
     assert {t.worker for t in syncs if t.agent == agent} == {"r0", "r1"}
-    assert all(isinstance(t, Sync) and t.source == s.s.location[agent] for t in syncs)
-    assert s.s.blocked[agent]  # no micro-batch of its next step trains on the old weights' engines' schedule
+    assert all(isinstance(t, Sync) and t.source == s.s.training.location[agent] for t in syncs)
+    assert s.s.training.blocked[agent]  # no micro-batch of its next step trains on the old weights' engines' schedule
     for t in [t for t in syncs if t.agent == agent]:
         s.finish(t, t.version)
-    assert not s.s.blocked[agent]
+    assert not s.s.training.blocked[agent]
 
 
 def test_the_balancer_counts_only_requests_that_could_run_now(scheduler, script) -> None:
@@ -128,8 +128,8 @@ def test_the_balancer_counts_only_requests_that_could_run_now(scheduler, script)
     s.s.open_step(1, ["s1q0", "s1q1", "s1q2", "s1q3"])
     s.s.start_step(1)
     s.carry_out()
-    waiting = len(s.s.waiting["planner"])
-    assert waiting >= 8 and s.s.runnable("planner") == 0
+    waiting = len(s.s.rollout.waiting["planner"])
+    assert waiting >= 8 and s.s.rollout.runnable("planner") == 0
 
 
 def test_the_balancers_count_follows_the_queue_as_batches_leave_it(scheduler, script) -> None:
@@ -137,9 +137,9 @@ def test_the_balancers_count_follows_the_queue_as_batches_leave_it(scheduler, sc
     for _ in range(50):
         s.turn()
         for agent in s.s.agents:
-            cached = s.s.runnable(agent)
-            s.s._runnable.clear()  # what it would count afresh
-            assert cached == s.s.runnable(agent), agent
+            cached = s.s.rollout.runnable(agent)
+            s.s.rollout._runnable.clear()  # what it would count afresh
+            assert cached == s.s.rollout.runnable(agent), agent
         if not s.running:
             break
         s.finish(s.running[0])
@@ -181,15 +181,15 @@ def test_a_moved_slot_adds_a_worker_never_a_second_slot_on_one_the_agent_already
     # the solver twice on r1 (a worker runs one batch at a time), and leave r0 idle once its planner batch ends.
     s = script(scheduler("flexmarl", steps=1, queries=4, group=2, batch_limit=4, balance=True))
     s.turn()
-    planner = s.tasks(TaskKind.GENERATE, "planner")
+    planner = s.jobs(JobKind.GENERATE, "planner")
     assert sorted(t.worker for t in planner) == ["r0", "r1"]
     s.finish(next(t for t in planner if t.worker == "r1"))
     s.turn()
-    assert sorted(r.worker for r in s.s.replicas["solver"]) == ["r1"]  # r1's free planner slot adds nothing
+    assert sorted(r.worker for r in s.s.rollout.replicas["solver"]) == ["r1"]  # r1's free planner slot adds nothing
     s.finish(next(t for t in planner if t.worker == "r0"))
     s.turn()
-    assert sorted(r.worker for r in s.s.replicas["solver"]) == ["r0", "r1"]
-    assert {t.worker for t in s.tasks(TaskKind.GENERATE, "solver")} == {"r0", "r1"}
+    assert sorted(r.worker for r in s.s.rollout.replicas["solver"]) == ["r0", "r1"]
+    assert {t.worker for t in s.jobs(JobKind.GENERATE, "solver")} == {"r0", "r1"}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -199,15 +199,15 @@ def test_no_batch_queues_behind_training_while_a_replica_of_its_agent_only_gener
     # the other worker frees sooner, so the batch must wait for that one instead.
     s = script(scheduler("flexmarl", steps=2, queries=6, group=2, micro=2, batch_limit=2, per_worker=3,
                          micro_batch_generation=True, slots=("r0", "r1"), rollout=("r0", "r1")))
-    sched, emit, behind = s.s, s.s._emit, []
+    sched, emit, behind = s.s, s.s.rollout.emit, []
 
     def checked(command: object) -> None:
         if isinstance(command, Generate) and sched.inflight.holding(command.worker):
             behind.append(command)
             assert not any(r.busy and not sched.inflight.holding(r.worker)
-                           for r in sched.replicas[command.agent] if r is not command.replica), command
+                           for r in sched.rollout.replicas[command.agent] if r is not command.replica), command
         emit(command)
 
-    sched._emit = checked
+    sched.rollout.emit = checked  # the rollout queues emit the generation batches
     s.run(seed)
     assert behind  # batches still go to a training worker when no replica elsewhere would free first

@@ -20,17 +20,17 @@ def test_no_move_at_or_below_the_threshold():
     assert b.decide(0.0, {"a": 0, "b": 11}, {"a": 2, "b": 2}, {"a": 2, "b": 2}) is not None
 
 
-def test_only_idle_slots_move_and_min_slots_is_kept():
-    b = InterAgentBalancer(threshold=1, cooldown_s=0.0, min_slots=1)
+def test_only_idle_slots_move_and_min_replicas_is_kept():
+    b = InterAgentBalancer(threshold=1, cooldown_s=0.0, min_replicas=1)
     assert b.decide(0.0, {"a": 0, "b": 50}, {"a": 2, "b": 1}, {"a": 0, "b": 0}) is None  # a's slots are busy
     assert b.decide(0.0, {"a": 0, "b": 50}, {"a": 1, "b": 1}, {"a": 1, "b": 0}) is None  # a keeps its last slot
-    b0 = InterAgentBalancer(threshold=1, cooldown_s=0.0, min_slots=0)
+    b0 = InterAgentBalancer(threshold=1, cooldown_s=0.0, min_replicas=0)
     assert b0.decide(0.0, {"a": 0, "b": 50}, {"a": 1, "b": 1}, {"a": 1, "b": 0}).target == "b"
 
 
 def test_an_agent_with_work_and_no_slot_gets_one():
     assert InterAgentBalancer.load(3, 0) == math.inf
-    b = InterAgentBalancer(threshold=5, cooldown_s=0.0, min_slots=0)
+    b = InterAgentBalancer(threshold=5, cooldown_s=0.0, min_replicas=0)
     move = b.decide(0.0, {"a": 1, "b": 3}, {"a": 2, "b": 0}, {"a": 2, "b": 0})
     assert (move.source, move.target) == ("a", "b")
 
@@ -55,7 +55,7 @@ def test_cooldown_stops_a_slot_from_moving_straight_back():
 
 
 def test_the_slot_that_moves_is_where_the_target_has_fewest_slots_then_least_outstanding():
-    pick = InterAgentBalancer.slot_to_move
+    pick = InterAgentBalancer.replica_to_move
     assert pick(["w0", "w1"], held=["w1"], outstanding={}) == 0
     assert pick(["w0", "w1"], held=[], outstanding={"w0": 64, "w1": 0}) == 1
     assert pick(["w0", "w1"], held=["w1", "w1"], outstanding={"w0": 64}) == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flexmarl.cluster.worker_state import engines
+from flexmarl.cluster.worker_state import EngineKey, engines
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.adapters import AdapterHost
 from flexmarl.models.loading import resolve_model
@@ -53,8 +53,8 @@ def hf(model_dir):
 @pytest.fixture(scope="module")
 def replicas(model_dir):
     """Both agents' vLLM replicas, opened as a worker opens them: one engine for the two."""
-    keys = ["run-a/solver", "run-a/verifier"]
-    backends = {k.split("/")[1]: replica.open_backend(str(model_dir), 0, ROLLOUT, k, LORA) for k in keys}
+    keys = [EngineKey("run-a", "solver"), EngineKey("run-a", "verifier")]
+    backends = {k.agent: replica.open_backend(str(model_dir), 0, ROLLOUT, k, LORA) for k in keys}
     yield backends
     for b in backends.values():
         b.close()
@@ -121,6 +121,7 @@ def test_a_bad_adapter_update_is_refused_before_the_engine(replicas) -> None:
 
 
 @pytest.mark.vllm
+@pytest.mark.cluster
 def test_adapter_agents_train_through_the_pipeline_on_vllm(tmp_path, model_cache) -> None:
     """The whole pipeline (real Dask cluster, store, trainers) with both agents' rollouts on vLLM adapters."""
     from deltalake import DeltaTable

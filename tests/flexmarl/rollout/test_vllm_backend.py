@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from flexmarl.cluster.worker_state import register
+from flexmarl.cluster.worker_state import EngineKey, register
 from flexmarl.models.loading import ModelError, load_model, resolve_model
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError, WeightUpdate
 from flexmarl.rollout.config import RolloutConfig, VLLMSettings, vllm_installed
@@ -21,6 +21,7 @@ from flexmarl.rollout.hf_backend import HFBackend
 from flexmarl.rollout.vllm_backend import VLLMBackend
 
 SETTINGS = VLLMSettings(kv_cache_gb=0.25, max_model_len=512)
+KEY = EngineKey("run", "a")
 PROMPTS = [[257, 72, 105], [257, 65, 66, 67, 68, 69, 70], [257] + [97 + i for i in range(12)], [257, 48, 49]]
 
 
@@ -119,6 +120,7 @@ def test_a_bad_update_is_refused_before_the_engine_and_a_good_one_changes_output
 
 
 @pytest.mark.vllm
+@pytest.mark.cluster
 def test_a_replica_on_a_default_dask_worker_serves_the_model(engine, model_dirs) -> None:
     from distributed import Client, LocalCluster
 
@@ -131,12 +133,12 @@ def test_a_replica_on_a_default_dask_worker_serves_the_model(engine, model_dirs)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         register(client)
-        client.submit(replica.start_replica, "run/a", str(model_dirs[0]), 0, rollout, pure=False).result()
-        [served] = client.submit(replica.generate, "run/a", [request], pure=False).result()
+        client.submit(replica.start_replica, KEY, str(model_dirs[0]), 0, rollout, pure=False).result()
+        [served] = client.submit(replica.generate, KEY, [request], pure=False).result()
         assert served.response_ids.tolist() == expected and served.policy_version == 0
-        version = client.submit(replica.load_weights, "run/a", 1, _state(model_dirs[1]), pure=False).result()
+        version = client.submit(replica.load_weights, KEY, 1, _state(model_dirs[1]), pure=False).result()
         assert version == 1
-        [after] = client.submit(replica.generate, "run/a", [request], pure=False).result()
+        [after] = client.submit(replica.generate, KEY, [request], pure=False).result()
         assert after.policy_version == 1 and after.response_ids.tolist() != expected
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flexmarl.orchestrator.policy import SchedulePolicy
-from flexmarl.sim.costmodel import SimPreset
+from flexmarl.sim.costmodel import SimPreset, load_preset
 from flexmarl.sim.engine import MODES, Simulation, simulate
 
 
@@ -103,3 +103,30 @@ def test_a_bounded_loop_runs_every_turn_and_trains_each_turns_samples(small: Sim
     episodes = small.workload.queries_per_step * small.workload.group_size
     for agent, turns in (("planner", 1), ("solver", 3), ("judge", 3)):
         assert [u.samples for u in result.updates if u.agent == agent] == [episodes * turns] * small.workload.steps
+
+
+def command_stream(preset: SimPreset, mode: str, *, memo: bool, steps: int | None = None) -> list[str]:
+    """Every command the scheduler decided, as it stood when the simulator took it."""
+    sim = Simulation(preset, mode, steps=steps, memo=memo)
+    drain, stream = sim.sched.drain, []
+
+    def logged():
+        for command in drain():
+            stream.append(repr(command))
+            yield command
+
+    sim.sched.drain = logged
+    sim.run()
+    return stream
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("preset_name", ["small", "paper-ma"])
+def test_the_schedulers_memos_change_no_decision(small: SimPreset, mode: str, preset_name: str) -> None:
+    """The memos only skip questions whose answers cannot have changed: with them off (every question asked
+    afresh) the scheduler decides the same commands in the same order, in every mode."""
+    preset = small if preset_name == "small" else load_preset(preset_name)
+    steps = None if preset_name == "small" else 3
+    with_memos = command_stream(preset, mode, memo=True, steps=steps)
+    assert len(with_memos) > 100
+    assert command_stream(preset, mode, memo=False, steps=steps) == with_memos

@@ -29,6 +29,16 @@ def requests(n: int = 3) -> list[GenerationRequest]:
     return [GenerationRequest(f"r{i}", [257, 11 + i, 20, 30], 6, 1.0, seed=i) for i in range(n)]
 
 
+def max_logprob_gap(a: list, b: list) -> float:
+    """The largest difference between the stored log-probs of two generations of the same requests (over the
+    tokens both generated)."""
+    gaps = []
+    for x, y in zip(a, b, strict=True):
+        n = min(len(x.logprobs), len(y.logprobs))
+        gaps.append(float((torch.from_numpy(x.logprobs[:n]) - torch.from_numpy(y.logprobs[:n])).abs().max()))
+    return max(gaps)
+
+
 def test_two_adapter_trainers_share_one_base_and_train_only_their_adapters(tiny_dir) -> None:
     host = AdapterHost(tiny_dir, CPU)
     solver = AgentTrainer("solver", tiny_dir, CONFIG, temperature=1.0, host=host)
@@ -86,8 +96,12 @@ def test_an_adapter_replica_generates_with_its_own_adapter_and_takes_adapter_upd
     solver.update_weights(WeightUpdate("solver", trainer.version, trainer.weights()))
     assert solver.version == trainer.version and verifier.version == 0
     moved = solver.generate(requests())
-    assert [r.logprobs.tolist() for r in moved] != [r.logprobs.tolist() for r in plain]
-    assert [r.logprobs.tolist() for r in verifier.generate(requests())] == [r.logprobs.tolist() for r in plain]  # untouched
+    assert max_logprob_gap(moved, plain) > 1e-3
+    # untouched: B = 0 adds nothing, but through the adapter's layers the shared-prefix prefill takes another
+    # kernel path, so equal up to float rounding (an exact comparison failed by 5e-7 on one CPU, issue 31)
+    untouched = verifier.generate(requests())
+    assert [r.response_ids.tolist() for r in untouched] == [r.response_ids.tolist() for r in plain]
+    assert max_logprob_gap(untouched, plain) < 1e-5
     with pytest.raises(WeightSyncError, match="does not match"):
         verifier.update_weights(WeightUpdate("verifier", 1, {"x": torch.zeros(1)}))
     assert verifier.version == 0
@@ -129,11 +143,12 @@ def _hosts(dask_worker) -> dict[str, int]:
     return {k: len(v.peft.peft_config) for k, v in registry.items() if "~base:" in k}
 
 
+@pytest.mark.cluster
 def test_a_worker_holds_one_base_per_model_for_every_adapter_agent_and_the_run_end_frees_it(tiny_dir) -> None:
     from distributed import Client, LocalCluster
 
     from flexmarl.cluster.local import submit_on
-    from flexmarl.cluster.worker_state import register, release
+    from flexmarl.cluster.worker_state import EngineKey, register, release
     from flexmarl.rollout import replica
     from flexmarl.training import slot
 
@@ -142,11 +157,12 @@ def test_a_worker_holds_one_base_per_model_for_every_adapter_agent_and_the_run_e
         register(client)
         worker = next(iter(client.scheduler_info()["workers"]))
         for agent in ("solver", "verifier", "critic"):
-            submit_on(client, worker, replica.start_replica, f"run-a/{agent}", str(tiny_dir), 0, None, LORA).result()
-            submit_on(client, worker, slot.start_trainer, f"run-a/{agent}", str(tiny_dir), CONFIG, 1.0, 6, 0).result()
+            key = EngineKey("run-a", agent)
+            submit_on(client, worker, replica.start_replica, key, str(tiny_dir), 0, None, LORA).result()
+            submit_on(client, worker, slot.start_trainer, key, str(tiny_dir), CONFIG, 1.0, 6, 0).result()
         hosts = client.run(_hosts)[worker]
         assert hosts == {f"replica:run-a/~base:{tiny_dir}": 3, f"trainer:run-a/~base:{tiny_dir}": 3}
-        out = submit_on(client, worker, replica.generate, "run-a/verifier", requests()).result()
+        out = submit_on(client, worker, replica.generate, EngineKey("run-a", "verifier"), requests()).result()
         assert len(out) == 3
         for kind in ("replica", "trainer"):
             client.run(release, f"{kind}:run-a/")

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from flexmarl.cluster.worker_state import engines, release
+from flexmarl.cluster.worker_state import EngineKey, engines, release
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
@@ -35,26 +35,26 @@ from .test_trainer import make_batch
 def test_a_trainer_restored_from_its_snapshot_continues_identically(tiny_dir, tmp_path, adapter) -> None:
     cfg = TrainerConfig(lr=1e-3, adapter=adapter)
     root = str(tmp_path / "by-version")
-    slot.start_trainer("run-a/solver", str(tiny_dir), cfg, 1.0, 8, 0)  # outside Dask: the process's registry
-    original = slot.trainer("run-a/solver")
+    slot.start_trainer(EngineKey("run-a", "solver"), str(tiny_dir), cfg, 1.0, 8, 0)  # outside Dask: the process's registry
+    original = slot.trainer(EngineKey("run-a", "solver"))
     original.train_step(make_batch(tiny_dir, [1.0, -1.0, 0.5]))
     with pytest.raises(RuntimeError, match="is at v1, not v2: refusing"):
-        save_snapshot("run-a/solver", root, 2, {})
-    save_snapshot("run-a/solver", root, 1, {})
+        save_snapshot(EngineKey("run-a", "solver"), root, 2, {})
+    save_snapshot(EngineKey("run-a", "solver"), root, 1, {})
     assert find_snapshot(root, "solver", 1) == snapshot_uri(root, "solver", 1)
     assert all(torch.equal(load_weights(snapshot_uri(root, "solver", 1))[k], v)
                for k, v in original.weights().items())
 
     snap = require_snapshot(root, "solver", 1)
-    restore_trainer("run-b/solver", str(tiny_dir), cfg, 1.0, 8, snap, 1, {})
-    restored = slot.trainer("run-b/solver")
+    restore_trainer(EngineKey("run-b", "solver"), str(tiny_dir), cfg, 1.0, 8, snap, 1, {})
+    restored = slot.trainer(EngineKey("run-b", "solver"))
     assert restored.version == 1
     batch = make_batch(tiny_dir, [0.5, -0.5, 1.0])
     original.train_step(batch)
     restored.train_step(batch)  # weights, Adam moments and step count came back: the next step is the same
     assert all(torch.equal(a, b) for a, b in zip(original.weights().values(), restored.weights().values()))
     with pytest.raises(SnapshotError, match="holds v1, not v2"):
-        restore_trainer("run-c/solver", str(tiny_dir), cfg, 1.0, 8, snap, 2, {})
+        restore_trainer(EngineKey("run-c", "solver"), str(tiny_dir), cfg, 1.0, 8, snap, 2, {})
     assert (adapter is None) == all("lora_" not in k for k in restored.weights())  # an adapter's: its tensors only
     for run in ("run-a", "run-b"):
         release(f"trainer:{run}/")  # the trainers, and an adapter agent's shared base
@@ -75,10 +75,10 @@ def test_snapshots_are_required_past_version_zero_and_pruned(tiny_dir, tmp_path)
     everything = sorted(p.name for p in (tmp_path / "solver").iterdir())
     prune_snapshots(root, "solver", keep_from=3)  # v3 is not whole yet (its write may be under way): keep v2
     assert sorted(p.name for p in (tmp_path / "solver").iterdir()) == everything
-    slot.start_trainer("run-p/solver", str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
+    slot.start_trainer(EngineKey("run-p", "solver"), str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
     for _ in range(3):
-        slot.trainer("run-p/solver").train_step(make_batch(tiny_dir, [1.0, -1.0]))
-    save_snapshot("run-p/solver", root, 3, {})
+        slot.trainer(EngineKey("run-p", "solver")).train_step(make_batch(tiny_dir, [1.0, -1.0]))
+    save_snapshot(EngineKey("run-p", "solver"), root, 3, {})
     prune_snapshots(root, "solver", keep_from=3)
     assert sorted(p.name for p in (tmp_path / "solver").iterdir()) == ["rebuild-v3.lock", "v10", "v3"]
     release("trainer:run-p/")
@@ -95,16 +95,16 @@ def test_a_background_write_holds_the_state_of_its_version_and_rebuilds_wait_for
 
     monkeypatch.setattr(HostCopy, "write", held_write)
     cfg = TrainerConfig(lr=1e-3)
-    slot.start_trainer("run-w/solver", str(tiny_dir), cfg, 1.0, 8, 0)
-    trainer = slot.trainer("run-w/solver")
+    slot.start_trainer(EngineKey("run-w", "solver"), str(tiny_dir), cfg, 1.0, 8, 0)
+    trainer = slot.trainer(EngineKey("run-w", "solver"))
     trainer.train_step(make_batch(tiny_dir, [1.0, -1.0, 0.5]))
     at_v1 = {k: v.clone() for k, v in trainer.weights().items()}
-    assert save_snapshot("run-w/solver", root, 1, {}, background=True) > 0  # returns with the write held back
+    assert save_snapshot(EngineKey("run-w", "solver"), root, 1, {}, background=True) > 0  # returns with the write held back
     assert find_snapshot(root, "solver", 1) is None  # not whole while it is written
     trainer.train_step(make_batch(tiny_dir, [0.5, -0.5]))  # the trainer goes on to v2 meanwhile
 
     # a worker that needs v1 now (a lost replica's restart) waits for the write instead of replaying the store
-    source = StateSource("run-w/solver", str(tiny_dir), cfg, 1.0, 8, root, 1, None, {})
+    source = StateSource(EngineKey("run-w", "solver"), str(tiny_dir), cfg, 1.0, 8, root, 1, None, {})
     found: list[str] = []
     waiter = threading.Thread(target=lambda: found.append(ensure_snapshot(source)))
     waiter.start()
@@ -125,27 +125,27 @@ def test_a_failed_background_write_is_raised_by_the_next_snapshot(tiny_dir, tmp_
     def full_disk(self, uri, storage_options=None):  # noqa: ANN001, ANN202
         raise OSError(28, "No space left on device")
 
-    slot.start_trainer("run-f/solver", str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
-    slot.trainer("run-f/solver").train_step(make_batch(tiny_dir, [1.0, -1.0]))
+    slot.start_trainer(EngineKey("run-f", "solver"), str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
+    slot.trainer(EngineKey("run-f", "solver")).train_step(make_batch(tiny_dir, [1.0, -1.0]))
     with monkeypatch.context() as patch:
         patch.setattr(HostCopy, "write", full_disk)
-        save_snapshot("run-f/solver", root, 1, {}, background=True)
+        save_snapshot(EngineKey("run-f", "solver"), root, 1, {}, background=True)
         with pytest.raises(OSError, match="No space left"):
-            save_snapshot("run-f/solver", root, 1, {})
+            save_snapshot(EngineKey("run-f", "solver"), root, 1, {})
     assert find_snapshot(root, "solver", 1) is None
-    save_snapshot("run-f/solver", root, 1, {}, background=True)  # the lock of v1 was let go: a new write goes
-    wait_for_write("run-f/solver")
+    save_snapshot(EngineKey("run-f", "solver"), root, 1, {}, background=True)  # the lock of v1 was let go: a new write goes
+    wait_for_write(EngineKey("run-f", "solver"))
     assert find_snapshot(root, "solver", 1) is not None
     release("trainer:run-f/")
 
 
 def test_a_damaged_snapshot_is_told_from_a_whole_one(tiny_dir, tmp_path) -> None:
     root = str(tmp_path / "by-version")
-    slot.start_trainer("run-d/solver", str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
-    trainer = slot.trainer("run-d/solver")
+    slot.start_trainer(EngineKey("run-d", "solver"), str(tiny_dir), TrainerConfig(lr=1e-3), 1.0, 8, 0)
+    trainer = slot.trainer(EngineKey("run-d", "solver"))
     for version in (1, 2, 3, 4):
         trainer.train_step(make_batch(tiny_dir, [1.0, -1.0]))
-        save_snapshot("run-d/solver", root, version, {})
+        save_snapshot(EngineKey("run-d", "solver"), root, version, {})
     engines().pop("trainer:run-d/solver").close()
     assert snapshot_problem(root, "solver", 4) is None
     v4, v3, v2 = (tmp_path / "by-version" / "solver" / f"v{v}" for v in (4, 3, 2))

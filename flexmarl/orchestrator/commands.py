@@ -1,9 +1,10 @@
-"""The scheduler's vocabulary: one frozen record per kind of work, and one table of what each kind is.
+"""The scheduler's vocabulary: one frozen record per command, and one table of what each kind of job is.
 
-``Scheduler`` (``scheduler.py``) returns these as commands; an executor (the Dask runtime in ``pipeline.py``,
-the simulated clock in ``flexmarl/sim``) carries them out and reports back. Worker tasks run on ``worker``
-and are kept in the scheduler's ``InFlight`` ledger until they finish or are given up; driver commands are
-done by the executor at once (scoring, store commits) and are not tracked.
+``Scheduler`` (``scheduler.py``) returns these; an executor (the Dask runtime in ``pipeline.py``, the simulated
+clock in ``flexmarl/sim``) carries them out and reports back. A *job* is a command that runs on a worker
+(``Job.worker``): it is kept in the scheduler's ``InFlight`` ledger until it finishes or is given up. The other
+commands are done by the executor at once (scoring, store commits) and are not tracked. ("Task" is Prefect's
+word in this project, and a dataset's item is a problem.)
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import ClassVar
 from flexmarl.rollout.balancer import Replica
 
 
-class TaskKind(Enum):
-    """(name, priority on its worker, timeline span kind). A worker runs one task at a time, the highest
+class JobKind(Enum):
+    """(name, priority on its worker, timeline span kind). A worker runs one job at a time, the highest
     priority first: generation gates the episodes (and so every agent's next batch), so it goes first; weight
     syncs and parks next; training, swaps and optimizer steps fill the gaps. A prefetch only starts a
     background read, so it goes before everything."""
@@ -28,7 +29,7 @@ class TaskKind(Enum):
     FINISH = ("finish", 0, "train")
     SYNC = ("sync", 5, "sync")
     PARK = ("park", 5, "swap")
-    RESUME = ("move", 0, "swap")
+    MOVE_STATE = ("move", 0, "swap")
     PREFETCH = ("prefetch", 20, "swap")
     SNAPSHOT = ("snapshot", 0, "snapshot")
     RESTORE = ("restore", 0, "swap")
@@ -39,10 +40,10 @@ class TaskKind(Enum):
         self.label, self.priority, self.span = label, priority, span
 
 
-# Tasks that run where the agent's trainer lives (a lost worker took them, and the trainer, with it).
-ON_TRAINER = frozenset({TaskKind.TRAIN, TaskKind.FINISH, TaskKind.PARK, TaskKind.SNAPSHOT})
+# Jobs that run where the agent's trainer lives (a lost worker took them, and the trainer, with it).
+ON_TRAINER = frozenset({JobKind.TRAIN, JobKind.FINISH, JobKind.PARK, JobKind.SNAPSHOT})
 # The agent trains nothing until these are done.
-BLOCKING = frozenset({TaskKind.FINISH, TaskKind.SNAPSHOT, TaskKind.RESUME, TaskKind.RESTORE})
+BLOCKING = frozenset({JobKind.FINISH, JobKind.SNAPSHOT, JobKind.MOVE_STATE, JobKind.RESTORE})
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,14 @@ class Request:
     sample_id: str
     episode: int
     node: str
+
+
+@dataclass(frozen=True)
+class StoredBatch:
+    """Where a committed micro-batch's trainer reads it: the agent's sample table at ``version``, these rows."""
+
+    version: int
+    sample_ids: tuple[str, ...]
 
 
 @dataclass(eq=False)
@@ -66,105 +75,105 @@ class MicroBatch:
     done_queries: set[int] = field(default_factory=set)
     committed: bool = False
     committed_at: float = 0.0
-    data: object = None  # what the executor's trainer reads (the runtime: Delta version and sample ids)
+    stored: StoredBatch | None = None  # set by the runtime's commit (the simulator reads nothing)
     trainable: bool = True  # it has samples to learn from (a resumed run's consumed ones have none left)
     submitted: bool = False  # sent to the trainer
     trained: bool = False
 
 
-# ---------------------------------------------------------------- worker tasks (tracked in flight)
+# ---------------------------------------------------------------- jobs (run on a worker, tracked in flight)
 
 @dataclass(frozen=True, eq=False)
-class Task:
-    kind: ClassVar[TaskKind]
+class Job:
+    kind: ClassVar[JobKind]
     agent: str
     worker: str  # where it runs
 
 
 @dataclass(frozen=True, eq=False)
-class Generate(Task):
-    kind: ClassVar[TaskKind] = TaskKind.GENERATE
+class Generate(Job):
+    kind: ClassVar[JobKind] = JobKind.GENERATE
     replica: Replica
     requests: tuple[Request, ...]
     tokens: int  # the most it can generate (for intra-agent balancing)
 
 
 @dataclass(frozen=True, eq=False)
-class Train(Task):
-    kind: ClassVar[TaskKind] = TaskKind.TRAIN
+class Train(Job):
+    kind: ClassVar[JobKind] = JobKind.TRAIN
     batch: MicroBatch
 
 
 @dataclass(frozen=True, eq=False)
-class Finish(Task):
+class Finish(Job):
     """The optimizer step that ends ``step``'s update."""
 
-    kind: ClassVar[TaskKind] = TaskKind.FINISH
+    kind: ClassVar[JobKind] = JobKind.FINISH
     step: int
 
 
 @dataclass(frozen=True, eq=False)
-class Snapshot(Task):
+class Snapshot(Job):
     """Write the agent's training state after ``step``'s update, before the update is recorded; in the
-    background (the task returns once the state is copied to host memory) unless it is the run's last."""
+    background (the job returns once the state is copied to host memory) unless it is the run's last."""
 
-    kind: ClassVar[TaskKind] = TaskKind.SNAPSHOT
+    kind: ClassVar[JobKind] = JobKind.SNAPSHOT
     step: int
     background: bool = False
 
 
 @dataclass(frozen=True, eq=False)
-class Sync(Task):
+class Sync(Job):
     """Load ``version`` into the agent's engine on ``worker``: from the trainer (``source``), or, when the
     trainer that made it is gone, from the agent's snapshot of it (``source`` None)."""
 
-    kind: ClassVar[TaskKind] = TaskKind.SYNC
+    kind: ClassVar[JobKind] = JobKind.SYNC
     version: int
     source: str | None
 
 
 @dataclass(frozen=True, eq=False)
-class Park(Task):
+class Park(Job):
     """Write the agent's state from ``worker`` (its trainer) to the state store, so another slot can resume it."""
 
-    kind: ClassVar[TaskKind] = TaskKind.PARK
+    kind: ClassVar[JobKind] = JobKind.PARK
 
 
 @dataclass(frozen=True, eq=False)
-class Resume(Task):
-    """Resume the agent's parked state on ``worker`` (a move from ``source``); ``prefetched``: the slot read it
-    ahead into host memory."""
+class MoveState(Job):
+    """Move the agent's training state to ``worker`` from ``source``: resume there what ``source`` parked;
+    ``prefetched``: the slot read it ahead into host memory."""
 
-    kind: ClassVar[TaskKind] = TaskKind.RESUME
+    kind: ClassVar[JobKind] = JobKind.MOVE_STATE
     source: str
     prefetched: bool
 
 
 @dataclass(frozen=True, eq=False)
-class Restore(Task):
+class Restore(Job):
     """Rebuild a lost trainer on ``worker`` from the agent's snapshot of ``version``."""
 
-    kind: ClassVar[TaskKind] = TaskKind.RESTORE
+    kind: ClassVar[JobKind] = JobKind.RESTORE
     version: int
 
 
 @dataclass(frozen=True, eq=False)
-class StartReplica(Task):
+class StartReplica(Job):
     """Start the agent's rollout engine on a new ``worker`` from its snapshot of ``version``."""
 
-    kind: ClassVar[TaskKind] = TaskKind.START_REPLICA
+    kind: ClassVar[JobKind] = JobKind.START_REPLICA
     version: int
 
 
 @dataclass(frozen=True, eq=False)
-class CatchUp(Task):
+class CatchUp(Job):
     """An engine started at an older version loads ``version`` from its snapshot."""
 
-    kind: ClassVar[TaskKind] = TaskKind.CATCH_UP
+    kind: ClassVar[JobKind] = JobKind.CATCH_UP
     version: int
 
 
-# ---------------------------------------------------------------- commands not tracked in flight
+# ---------------------------------------------------------------- commands the executor does at once
 
 @dataclass(frozen=True, eq=False)
 class Prefetch:
@@ -227,62 +236,62 @@ class RecordUpdate:
 
 @dataclass(frozen=True, eq=False)
 class Cancel:
-    """Give up a task in flight (its worker was lost, or the trainer it served was)."""
+    """Give up a job in flight (its worker was lost, or the trainer it served was)."""
 
-    task: Task
+    job: Job
 
 
 class InFlight:
-    """The one ledger of worker tasks submitted and not yet finished or given up."""
+    """The one ledger of jobs submitted and not yet finished or given up."""
 
     def __init__(self) -> None:
-        self._tasks: dict[int, Task] = {}
-        self._holding: Counter[str] = Counter()  # per worker: tasks other than generation on its task thread
+        self._jobs: dict[int, Job] = {}
+        self._holding: Counter[str] = Counter()  # per worker: jobs other than generation on its task thread
 
-    def add(self, task: Task) -> Task:
-        self._tasks[id(task)] = task
-        if _holds_thread(task):
-            self._holding[task.worker] += 1
-        return task
+    def add(self, job: Job) -> Job:
+        self._jobs[id(job)] = job
+        if _holds_thread(job):
+            self._holding[job.worker] += 1
+        return job
 
-    def pop(self, task: Task) -> bool:
-        """Stop tracking ``task``; False if it was not tracked (given up meanwhile)."""
-        if self._tasks.pop(id(task), None) is None:
+    def pop(self, job: Job) -> bool:
+        """Stop tracking ``job``; False if it was not tracked (given up meanwhile)."""
+        if self._jobs.pop(id(job), None) is None:
             return False
-        if _holds_thread(task):
-            self._holding[task.worker] -= 1
+        if _holds_thread(job):
+            self._holding[job.worker] -= 1
         return True
 
     def holding(self, worker: str) -> int:
-        """Tasks other than generation that ``worker`` runs or has queued (training, optimizer steps, syncs,
+        """Jobs other than generation that ``worker`` runs or has queued (training, optimizer steps, syncs,
         moves): a generation batch sent there waits for the running one."""
         return self._holding[worker]
 
-    def __contains__(self, task: Task) -> bool:
-        return id(task) in self._tasks
+    def __contains__(self, job: Job) -> bool:
+        return id(job) in self._jobs
 
-    def __iter__(self) -> Iterator[Task]:
-        return iter(list(self._tasks.values()))
+    def __iter__(self) -> Iterator[Job]:
+        return iter(list(self._jobs.values()))
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return len(self._jobs)
 
-    def of(self, agent: str | None = None, *kinds: TaskKind, worker: str | None = None) -> list[Task]:
-        return [t for t in self._tasks.values() if (agent is None or t.agent == agent)
-                and (not kinds or t.kind in kinds) and (worker is None or t.worker == worker)]
+    def of(self, agent: str | None = None, *kinds: JobKind, worker: str | None = None) -> list[Job]:
+        return [j for j in self._jobs.values() if (agent is None or j.agent == agent)
+                and (not kinds or j.kind in kinds) and (worker is None or j.worker == worker)]
 
 
-def _holds_thread(task: Task) -> bool:
-    """Does ``task`` occupy its worker's task thread? Generation batches are counted apart (outstanding tokens);
+def _holds_thread(job: Job) -> bool:
+    """Does ``job`` occupy its worker's task thread? Generation batches are counted apart (outstanding tokens);
     a background snapshot returns once its state is in host memory."""
-    return task.kind is not TaskKind.GENERATE and not (isinstance(task, Snapshot) and task.background)
+    return job.kind is not JobKind.GENERATE and not (isinstance(job, Snapshot) and job.background)
 
 
-def overdue(task: Task, sync_timeout_s: float, request_timeout_s: float) -> str:
-    """Why ``task``, past its deadline, fails the run where its worker cannot be replaced."""
-    if isinstance(task, Sync):
-        return (f"weight sync of agent {task.agent!r} to v{task.version} on replica {task.worker} did not finish "
+def overdue(job: Job, sync_timeout_s: float, request_timeout_s: float) -> str:
+    """Why ``job``, past its deadline, fails the run where its worker cannot be replaced."""
+    if isinstance(job, Sync):
+        return (f"weight sync of agent {job.agent!r} to v{job.version} on replica {job.worker} did not finish "
                 f"within {sync_timeout_s:.0f}s (rollout.sync_timeout_s)")
-    what = (f"generation batch of agent {task.agent!r} on replica" if isinstance(task, Generate)
-            else f"{task.kind.label} task of agent {task.agent!r} on worker")
-    return f"{what} {task.worker} did not finish within {request_timeout_s:.0f}s (rollout.request_timeout_s)"
+    what = (f"generation batch of agent {job.agent!r} on replica" if isinstance(job, Generate)
+            else f"{job.kind.label} task of agent {job.agent!r} on worker")
+    return f"{what} {job.worker} did not finish within {request_timeout_s:.0f}s (rollout.request_timeout_s)"

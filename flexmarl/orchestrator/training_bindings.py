@@ -1,0 +1,312 @@
+"""Training's half of the scheduler's state: each agent's version, its micro-batches, where its trainer lives,
+and the training slot it binds for its step; and the decisions that bind slots and move states.
+
+Agent-centric slots: an agent with training work binds a free slot and keeps it for its step. A bound agent's
+next micro-batch runs on its slot. Unbound agents with work take the free slots, the one whose ready work
+waited longest first, preferring the slot its state was prefetched to, then the slot that holds its state;
+elsewhere its state moves there first (parked by one worker, resumed by the other). Agents still waiting get
+their states prefetched to the slots likely to free next.
+
+``TrainingBindings`` is part of ``Scheduler`` (``scheduler.py``), which reports commits, finished jobs and
+recorded updates; recovery (``recovery.py``) loses and restores trainers through the named operations below.
+Commands go out through the scheduler's ``emit``. An agent's training work changes only with its own state (or
+a complete step), so it is asked again only for agents marked stale; ``memo=False`` asks for every agent on
+every dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from flexmarl.orchestrator.commands import (
+    BLOCKING, Commit, Discard, Finish, InFlight, MicroBatch, MoveState, Park, Prefetch, RecordUpdate, Snapshot,
+    StoredBatch, Train,
+)
+from flexmarl.orchestrator.policy import SchedulePolicy
+
+
+class TrainingBindings:
+    """Versions, micro-batches, trainers' homes and slot bindings of every agent.
+
+    Args:
+        agents: the agents.
+        policy: the schedule's decisions.
+        slots: the training workers; agents bind them on demand.
+        location: per agent, the worker holding its trainer.
+        versions: per agent, the starting policy version.
+        agent_wise: the agents whose advantages are normalised over the whole batch (committed together).
+        inflight: the scheduler's ledger of jobs (read: whether an agent's blocking jobs are done).
+        emit: the scheduler's way out for commands.
+        snapshot_every: write an agent's training state after every k-th update (versions k, 2k, ... and the
+            last), before it is recorded; 0: never.
+        memo: keep the memo of each agent's training work (see the module docstring).
+    """
+
+    def __init__(self, *, agents: Sequence[str], policy: SchedulePolicy, slots: Sequence[str],
+                 location: dict[str, str], versions: dict[str, int], agent_wise: set[str], inflight: InFlight,
+                 emit: Callable[[object], None], snapshot_every: int = 0, memo: bool = True) -> None:
+        self.agents, self.policy, self.inflight, self.emit = list(agents), policy, inflight, emit
+        self.agent_wise = agent_wise
+        self.snapshot_every, self.memo = snapshot_every, memo
+        self.slots = sorted(set(slots))
+        self.location = dict(location)
+        self.versions = dict(versions)
+        self.bound: dict[str, str | None] = {}  # agent -> the slot it holds for its current step
+        self.parked: set[str] = set()  # agents whose state has a parked copy (or a park under way)
+        self.prefetched: dict[str, str] = {}  # agent -> the slot reading its state ahead
+        self.micro: dict[tuple[str, int], list[MicroBatch]] = {}
+        self.complete: dict[str, set[int]] = {a: set() for a in self.agents}
+        self.queued = {a: 0 for a in self.agents}  # micro-batches sent to the agent's slot
+        self.blocked = {a: False for a in self.agents}  # optimizer step, sync, move or rebuild under way
+        self.pending_syncs = {a: 0 for a in self.agents}
+        self._work_stale: set[str] = set(self.agents)  # agents whose training answer may have changed
+        self._work: dict[str, tuple | None] = {}
+
+    # ------------------------------------------------------------------ micro-batches
+
+    def add_step(self, step: int, batches: dict[str, list[MicroBatch]]) -> None:
+        """The micro-batch partition of ``step``, per agent."""
+        for agent, mbs in batches.items():
+            self.micro[(agent, step)] = mbs
+        self._work_stale.update(self.agents)
+
+    def group_done(self, step: int, query: int) -> None:
+        """Every episode of ``query`` is done: commit the micro-batches it completes."""
+        for agent in self.agents:
+            batches = self.micro[(agent, step)]
+            mb = next(m for m in batches if query in m.queries)
+            mb.done_queries.add(query)
+            if agent not in self.agent_wise:
+                if mb.done_queries == mb.queries:
+                    self.emit(Commit(agent, step, (mb,), False))
+            elif all(m.done_queries == m.queries for m in batches):
+                # agent-wise normalisation needs the agent's whole batch: commit every micro-batch now
+                self.emit(Commit(agent, step, tuple(batches), True))
+
+    def committed(self, mb: MicroBatch, at: float, stored: StoredBatch | None, *, trainable: bool,
+                  consumed: bool) -> None:
+        mb.committed, mb.committed_at, mb.stored = True, at, stored
+        mb.trainable = trainable and not consumed
+        if not mb.trainable:
+            mb.submitted = mb.trained = True
+        self._work_stale.add(mb.agent)
+        if all(m.committed for m in self.micro[(mb.agent, mb.step)]):
+            self.complete[mb.agent].add(mb.step)
+            self._work_stale.update(self.agents)  # may_train may read every agent's complete steps (sync does)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def dispatch(self) -> None:
+        """Send due micro-batches and optimizer steps to bound slots; bind free slots; prefetch the rest."""
+        for agent in (self._work_stale if self.memo else self.agents):
+            self._work[agent] = self._training_work(agent)
+        self._work_stale.clear()
+        work = {a: w for a in self.agents if (w := self._work[a])}
+        for agent, (_, mb) in sorted(work.items()):
+            bound = self.bound.get(agent)
+            if bound is not None:
+                self._run_training(agent, bound, mb)
+        free = [w for w in self.slots if w not in self.bound.values()]
+        waiting = {a: w for a, w in work.items() if self.bound.get(a) is None}
+        while free and waiting:
+            agent = self.policy.pick_agent({a: w[0] for a, w in waiting.items()})
+            _, mb = waiting.pop(agent)
+            target = self.policy.pick_slot(free, self.prefetched.get(agent), self.location[agent])
+            free.remove(target)
+            self.bound[agent] = target
+            if target == self.location[agent]:
+                self._stay(agent)
+                self._run_training(agent, target, mb)
+            else:
+                self._move_state(agent, target)
+        if waiting:
+            self._prefetch_states(waiting)
+
+    def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
+        """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
+
+        The policy decides (``training_work``).
+        """
+        step = self.versions[agent]  # the update to step + 1 consumes step's batch
+        if self.blocked[agent] or (agent, step) not in self.micro:
+            return None
+        return self.policy.training_work(agent, step, self.micro[(agent, step)], self.complete,
+                                         queued=self.queued[agent])
+
+    def _slots_by_release(self) -> list[str]:
+        """Bound slots, the one likely to free first first: its agent has the fewest micro-batches left."""
+        left = {}
+        for agent, worker in self.bound.items():
+            if worker is not None:
+                left[worker] = sum(not m.trained for m in self.micro.get((agent, self.versions[agent]), []))
+        return sorted(left, key=lambda w: (left[w], w))
+
+    def _prefetch_states(self, waiting: dict[str, tuple[float, MicroBatch | None]]) -> None:
+        """Every slot is bound: read the states of the agents that will bind next into the host memory of the
+        slots likely to free first (in the same order), while those slots train. The move then skips the read.
+        """
+        order, pending = [], {a: w[0] for a, w in waiting.items()}
+        while pending:
+            order.append(self.policy.pick_agent(pending))
+            del pending[order[-1]]
+        taken = set(self.prefetched.values())
+        slots = [w for w in self._slots_by_release() if w not in taken]
+        for agent in order:
+            if agent in self.prefetched:
+                continue
+            if not slots:
+                break
+            target = slots.pop(0)
+            if target == self.location[agent]:
+                continue  # its state is already there
+            self._park(agent)
+            self.prefetched[agent] = target
+            self.emit(Prefetch(agent, target))
+
+    def _park(self, agent: str) -> None:
+        """Write the agent's state from its worker to the state store, once.
+
+        Its trainer stays on that worker until the state is resumed elsewhere, so a wrong guess of the slot
+        that frees first costs only the write when the agent then binds its own slot again.
+        """
+        if agent not in self.parked:
+            self.parked.add(agent)
+            self.emit(Park(agent, self.location[agent]))
+
+    def _stay(self, agent: str) -> None:
+        """The agent binds the slot that holds its trainer: a parked copy or a read ahead is not needed."""
+        self.parked.discard(agent)  # it trains here next, so the copy goes stale (the next park replaces it)
+        prefetched = self.prefetched.pop(agent, None)
+        if prefetched is not None:
+            self.emit(Discard(agent, prefetched))
+
+    def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
+        self._work_stale.add(agent)
+        if mb is not None:
+            mb.submitted = True
+            self.queued[agent] += 1
+            self.emit(Train(agent, worker, mb))
+        else:
+            self.blocked[agent] = True
+            self.emit(Finish(agent, worker, self.versions[agent]))
+
+    def _move_state(self, agent: str, target: str) -> None:
+        """Move the agent's state to ``target``: parked by its old worker (unless it already is), read by
+        ``target`` (unless prefetched there)."""
+        self._work_stale.add(agent)
+        self.blocked[agent] = True
+        self._park(agent)
+        where = self.prefetched.pop(agent, None)
+        if where is not None and where != target:  # the guess of the next free slot was wrong: free that copy
+            self.emit(Discard(agent, where))
+        self.emit(MoveState(agent, target, self.location[agent], where == target))
+
+    # ------------------------------------------------------------------ what finished
+
+    def trained(self, job: Train) -> None:
+        job.batch.trained = True
+        self.queued[job.agent] -= 1
+        self._work_stale.add(job.agent)
+
+    def step_finished(self, job: Finish) -> None:
+        """The optimizer step is done: the slot is free at once; the agent stays blocked until its replicas have
+        the weights. Its state is written first on snapshot versions, then the update is recorded."""
+        self.bound[job.agent] = None
+        self._work_stale.add(job.agent)
+        version = job.step + 1
+        if self.snapshot_every and (version % self.snapshot_every == 0 or version == self.policy.steps):
+            # copied before the update is recorded; other versions are rebuilt from it by replay when needed. The
+            # last is written before the run may end; the others are written while the worker works on
+            self.emit(Snapshot(job.agent, self.location[job.agent], job.step,
+                               background=version != self.policy.steps))
+        else:
+            self.emit(RecordUpdate(job.agent, job.step))
+
+    def snapshot_written(self, job: Snapshot) -> None:
+        self.emit(RecordUpdate(job.agent, job.step))
+
+    def updated(self, agent: str, step: int, version: int, syncs: int) -> list[MicroBatch]:
+        """The update of ``step`` is recorded at ``version``; ``syncs`` weight syncs carry it to the engines.
+        Returns the step's micro-batches."""
+        self.versions[agent] = version
+        self.pending_syncs[agent] += syncs
+        self._work_stale.add(agent)
+        return self.micro.pop((agent, step))
+
+    def synced(self, agent: str, *, restoring: bool) -> None:
+        """One of the agent's engines has its weights; the last one unblocks it (unless its trainer is being
+        rebuilt)."""
+        self.pending_syncs[agent] -= 1
+        if self.pending_syncs[agent] == 0 and not restoring:
+            self.blocked[agent] = False
+        self._work_stale.add(agent)
+
+    def state_moved(self, job: MoveState) -> None:
+        self.emit(Discard(job.agent, job.source, trainer=True))  # before any later move back there
+        self.location[job.agent] = job.worker
+        self.blocked[job.agent] = False
+        self.parked.discard(job.agent)
+        self._work_stale.add(job.agent)
+
+    def touch(self, agents: Sequence[str]) -> None:
+        self._work_stale.update(agents)
+
+    def is_finished(self, target: int) -> bool:
+        return all(v >= target for v in self.versions.values())
+
+    def blocking(self, agent: str) -> bool:
+        return bool(self.inflight.of(agent, *BLOCKING))
+
+    # ------------------------------------------------------------------ workers lost and rebuilt (recovery)
+
+    def workers(self) -> set[str]:
+        """Training slots and the workers holding a trainer."""
+        return set(self.slots) | set(self.location.values())
+
+    def lose_workers(self, lost: set[str]) -> None:
+        """Forget ``lost`` slots and what was prefetched to them; a move to one is given up (the trainer is still
+        where it was)."""
+        for agent in self.agents:
+            if self.bound.get(agent) in lost:
+                self.bound[agent] = None
+        self.prefetched = {a: w for a, w in self.prefetched.items() if w not in lost}
+        self.slots = [w for w in self.slots if w not in lost]
+
+    def lose_trainer(self, agent: str) -> int:
+        """Everything the agent's trainer was doing is gone: its step is trained again from its start, once the
+        trainer is rebuilt at the version the store records (returned)."""
+        self.pending_syncs[agent] = 0
+        version = self.versions[agent]
+        for mb in self.micro.get((agent, version), []):  # the step is trained again, on the state of its start
+            if mb.committed and mb.trainable:
+                mb.submitted = mb.trained = False
+        self.queued[agent] = 0
+        self.bound[agent] = None
+        self.blocked[agent] = True
+        self.parked.discard(agent)  # written by the lost trainer, maybe only in part
+        prefetched = self.prefetched.pop(agent, None)
+        if prefetched is not None:
+            self.emit(Discard(agent, prefetched))
+        return version
+
+    def lost_sync(self, agent: str) -> None:
+        self.pending_syncs[agent] -= 1
+
+    def unblock_if_idle(self, agent: str, *, restoring: bool) -> None:
+        if restoring or not self.blocked[agent] or self.pending_syncs[agent] > 0:
+            return
+        if not self.blocking(agent):
+            self.blocked[agent] = False
+
+    def add_slot(self, worker: str) -> None:
+        self.slots = sorted([*self.slots, worker])
+
+    def restored(self, agent: str, worker: str) -> None:
+        self.location[agent] = worker
+
+    def resync(self, agent: str, behind: Sequence[str]) -> None:
+        """The rebuilt trainer's version must reach the engines ``behind`` (from its snapshot); unblocked once
+        it has, at once if none is behind."""
+        if not behind:
+            self.blocked[agent] = False
+        self.pending_syncs[agent] += len(behind)

@@ -1,6 +1,7 @@
 # Two commands set up everything on a fresh machine:
 #   make run    set up, then train the default workload (SmolLM2-135M solver -> verifier)
 #   make test   set up, then run the test suite (all of it: CI's .ci/run calls this; 30-45 minutes on 2 cores)
+#   make lint        set up, then ruff (pyflakes, pycodestyle at 120 columns): CI runs it too
 #   make test-fast   set up, then the suite less its slow groups (markers cluster, flow, reliability, e2e, vllm;
 #                    tests/conftest.py says which tests they hold): about a minute and a half on 2 cores
 # `make setup` alone is a no-op while .venv matches the lock files.
@@ -29,7 +30,7 @@ VLLM_TESTS := tests/flexmarl/rollout/test_vllm_backend.py tests/flexmarl/rollout
 # The slow groups: Dask clusters and training runs, Prefect flows, real faults, browsers; vLLM needs .venv-vllm.
 FAST_MARKERS := not (cluster or flow or reliability or e2e or vllm)
 
-.PHONY: setup run test test-fast setup-vllm test-vllm clean
+.PHONY: setup run test test-fast lint setup-vllm test-vllm clean
 
 setup: $(STAMP)
 
@@ -50,6 +51,10 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+
+# pyflakes and pycodestyle at the configured width (pyproject.toml, [tool.ruff]); CI runs it before the tests
+lint: setup
+	$(BIN)/ruff check .
 
 setup-vllm: $(VLLM_STAMP)
 

@@ -5,8 +5,8 @@ A run's settings come from exactly one YAML document (a file, or a named preset 
 definition, in the component's own config module.
 
 Example:
-    >>> cfg = load_config(preset="tiny", overrides=["train.steps=3"])
-    >>> cfg.train.steps
+    >>> cfg = load_config(preset="tiny", overrides=["run.steps=3"])
+    >>> cfg.run.steps
     3
 """
 
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError, model_validator
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.configbase import did_you_mean
 from flexmarl.meg.spec import MEGSpec
-from flexmarl.orchestrator.config import TrainLoopConfig
+from flexmarl.orchestrator.config import RunLoopConfig
 from flexmarl.rollout import config as rollout_settings
 from flexmarl.rollout.config import RolloutConfig
 from flexmarl.tracking.config import TrackingConfig
@@ -41,11 +41,11 @@ Preset = Literal[PRESETS]  # the same list, as a type: the flow's parameter and 
 # signature holds the same names with the config fields' types, and ``run_overrides`` turns them into
 # ``--set``-style overrides, so the config validates them as it validates everything else.
 RUN_FORM_SETTINGS: dict[str, str] = {
-    "steps": "train.steps",
-    "mode": "train.mode",
-    "queries_per_step": "train.queries_per_step",
-    "group_size": "train.group_size",
-    "max_staleness": "train.max_staleness",
+    "steps": "run.steps",
+    "mode": "run.mode",
+    "queries_per_step": "run.queries_per_step",
+    "group_size": "run.group_size",
+    "max_staleness": "run.max_staleness",
     "lr": "training.lr",
     "loss_type": "training.loss_type",
     "backend": "rollout.backend",
@@ -78,7 +78,7 @@ class RunConfig(MEGSpec):
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
     training: TrainerConfig = TrainerConfig()
-    train: TrainLoopConfig = TrainLoopConfig()
+    run: RunLoopConfig = RunLoopConfig()
     cluster: ClusterConfig = ClusterConfig()
     store: StoreConfig = StoreConfig()
     tracking: TrackingConfig = TrackingConfig()
@@ -92,7 +92,8 @@ class RunConfig(MEGSpec):
     def _check_backend_installed(self) -> RunConfig:
         # Here, the driver's own environment, which a LocalCluster's workers share; workers of another Python
         # (cluster.worker_python) are checked before the run starts (preflight), an existing cluster's not.
-        if self.rollout.backend == "vllm" and self.cluster.worker_python is None and not rollout_settings.vllm_installed():
+        if (self.rollout.backend == "vllm" and self.cluster.worker_python is None
+                and not rollout_settings.vllm_installed()):
             raise ValueError(rollout_settings.VLLM_MISSING)
         return self
 
@@ -139,7 +140,7 @@ class RunConfig(MEGSpec):
         # pipeline would otherwise round, so that ``micro_batch_size`` means what it says (as TRL refuses
         # partial groups per generation batch).
         for agent in self.agents:
-            per_query = self.train.group_size * len(self.nodes_of(agent))
+            per_query = self.run.group_size * len(self.nodes_of(agent))
             size = self.trainer_config(agent).micro_batch_size
             if size % per_query:
                 use = max(per_query, size // per_query * per_query)
@@ -148,7 +149,7 @@ class RunConfig(MEGSpec):
                 other = "" if where.startswith("agents.") else f", or set agents.{agent}.training.micro_batch_size"
                 raise ValueError(
                     f"{where}={size} is not a whole number of GRPO groups of agent {agent!r}: one query gives it "
-                    f"{per_query} samples (train.group_size={self.train.group_size} x {len(self.nodes_of(agent))} "
+                    f"{per_query} samples (run.group_size={self.run.group_size} x {len(self.nodes_of(agent))} "
                     f"node(s)); use {use} (or another multiple of {per_query}){other}")
         return self
 
@@ -165,7 +166,7 @@ class RunConfig(MEGSpec):
 
         A loop that stops early skips its later turns, so a step may hold fewer samples.
         """
-        return self.train.queries_per_step * self.train.group_size * len(self.nodes_of(agent))
+        return self.run.queries_per_step * self.run.group_size * len(self.nodes_of(agent))
 
 
 def load_config(
@@ -205,7 +206,10 @@ def load_config(
             f"{source}: the top level must be a mapping of settings (agents:, graph:, ...), got "
             f"{type(raw).__name__}; start from a preset such as flexmarl/presets/tiny.yaml"
         )
+    check_renamed(raw, source)
     for item in overrides:
+        if (renamed := _renamed(item.partition("=")[0].strip())) is not None:
+            raise ConfigError(f"override {item!r}: {renamed}")
         apply_override(raw, item)
     try:
         return RunConfig.model_validate(raw)
@@ -217,6 +221,34 @@ def load_config(
         ) from None
 
 
+# Keys that were renamed (old dotted key -> new): an old config gets one line naming the new key, not a list of
+# unknown keys. A section's keys keep their names under the new section.
+RENAMED: dict[str, str] = {
+    "train": "run",  # the run's schedule; `training:` is the trainer's settings
+    "rollout.slots_per_worker": "rollout.replicas_per_worker",  # a slot is a training slot; these are replicas
+}
+
+
+def _renamed(key: str) -> str | None:
+    """Why ``key`` (dotted) is refused when it, or a section above it, was renamed; None when it was not."""
+    for old, new in RENAMED.items():
+        if key == old and "." not in old:
+            return f"the section '{old}:' is now '{new}:'; rename it (its keys keep their names)"
+        if key == old or key.startswith(f"{old}."):
+            return f"{old} is now {new}: write {new}{key[len(old):]}"
+    return None
+
+
+def check_renamed(raw: dict, source: str) -> None:
+    """Refuse, in one line, a config that uses a renamed key (``RENAMED``)."""
+    for old in RENAMED:
+        node: object = raw
+        for part in old.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            raise ConfigError(f"{source}: {_renamed(old)}")
+
+
 def apply_override(raw: dict, item: str) -> None:
     """Apply ``a.b.c=value`` to a nested dict; the value is parsed as YAML (``3`` is an int)."""
     key, sep, value = item.partition("=")
@@ -224,7 +256,7 @@ def apply_override(raw: dict, item: str) -> None:
         raise ConfigError(f"override {item!r} must look like dotted.key=value")
     *parents, leaf = key.strip().split(".")
     if not all(part.strip() for part in (*parents, leaf)):
-        raise ConfigError(f"override {item!r}: the key has an empty part; write dotted.key=value, e.g. train.steps=3")
+        raise ConfigError(f"override {item!r}: the key has an empty part; write dotted.key=value, e.g. run.steps=3")
     node = raw
     for part in parents:
         child = node.setdefault(part, {})
@@ -282,8 +314,8 @@ def config_summary(cfg: RunConfig) -> str:
     """A run's config in one line: the agents' models, the data, the schedule (the whole is in config.yaml)."""
     models = ", ".join(f"{a}={s.model}" for a, s in cfg.agents.items())
     data = str(cfg.data.path) if cfg.data.path else cfg.data.dataset
-    return (f"models {models}; data {data}; {cfg.train.steps} steps of {cfg.train.queries_per_step} queries x "
-            f"{cfg.train.group_size}; mode {cfg.train.mode}")
+    return (f"models {models}; data {data}; {cfg.run.steps} steps of {cfg.run.queries_per_step} queries x "
+            f"{cfg.run.group_size}; mode {cfg.run.mode}")
 
 
 def dump_config(cfg: RunConfig) -> str:

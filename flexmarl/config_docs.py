@@ -19,7 +19,7 @@ HEADER = """# Configuration reference
 
 Generated from the config models by `python -m flexmarl.config_docs`; a test fails when this file is stale.
 A run reads one YAML document (a file, or a preset from `flexmarl/presets/`) and `--set dotted.key=value`
-overrides, e.g. `--set train.steps=10 --set agents.solver.sampling.temperature=0.7`. Unknown keys are errors.
+overrides, e.g. `--set run.steps=10 --set agents.solver.sampling.temperature=0.7`. Unknown keys are errors.
 The resolved config of every run is saved as `RUN_DIR/config.yaml`. The range column gives the values a
 setting accepts beyond its type (`any`: every value of the type); a value outside it is refused by
 `flexmarl validate` and before `flexmarl train` starts anything, naming the setting and the range.

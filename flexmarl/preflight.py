@@ -24,7 +24,7 @@ from flexmarl.config import RunConfig
 from flexmarl.models.adapters import check_adapter_targets
 from flexmarl.models.loading import BUILTIN_MODELS, ModelError, check_model_dir, resolve_model
 from flexmarl.run.layout import store_uri
-from flexmarl.workloads.datasets import load_tasks
+from flexmarl.workloads.datasets import load_problems
 
 GGUF_MAGIC = b"GGUF"
 
@@ -47,7 +47,7 @@ def check_inputs(cfg: RunConfig) -> None:
     for name, agent in cfg.agents.items():
         try:
             check_model_files(agent.model)
-            check_model_dir(resolve_model(agent.model, seed=cfg.train.seed))
+            check_model_dir(resolve_model(agent.model, seed=cfg.run.seed))
         except ModelError as exc:
             raise ModelError(f"agents.{name}.model: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - transformers raises many types for a damaged model directory
@@ -57,10 +57,10 @@ def check_inputs(cfg: RunConfig) -> None:
             ) from None
         if agent.adapter is not None:
             try:
-                check_adapter_targets(resolve_model(agent.model, seed=cfg.train.seed), agent.adapter)
+                check_adapter_targets(resolve_model(agent.model, seed=cfg.run.seed), agent.adapter)
             except ModelError as exc:
                 raise ModelError(f"agents.{name}.{exc}") from None
-    load_tasks(cfg.data)
+    load_problems(cfg.data)
     check_worker_python(cfg.cluster, needs_vllm=cfg.rollout.backend == "vllm")
 
 

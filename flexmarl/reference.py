@@ -4,11 +4,11 @@ No scheduler, no cluster, no store: for each step, generate every node of every 
 score the groups, train each agent on its whole batch in one ``AgentTrainer.train_step``, and load the new
 weights into that agent's generator. It shares no scheduling code with the pipeline, so a test that finds
 the pipeline's weights equal to these (``tests/flexmarl/test_reference.py``) checks the scheduler, the
-commits, the store reads and the weight syncs at once. Strictly on-policy (``train.max_staleness`` 0), as
+commits, the store reads and the weight syncs at once. Strictly on-policy (``run.max_staleness`` 0), as
 the ``sync`` schedule is.
 
 Example:
-    >>> weights = reference_run(load_config(preset="tiny", overrides=["train.steps=2"]))
+    >>> weights = reference_run(load_config(preset="tiny", overrides=["run.steps=2"]))
     >>> sorted(weights)
     ['solver', 'verifier']
 """
@@ -29,18 +29,18 @@ from flexmarl.rollout.hf_backend import HFBackend
 from flexmarl.rollout.replica import open_backend
 from flexmarl.rollout.scoring import scale_by_agent, score
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
-from flexmarl.workloads.datasets import task_stream
+from flexmarl.workloads.datasets import problem_stream
 
 
 def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
-    """Train every agent for ``steps`` (default ``cfg.train.steps``) synchronous steps; returns the weights.
+    """Train every agent for ``steps`` (default ``cfg.run.steps``) synchronous steps; returns the weights.
 
     Raises:
         ValueError: the config asks for stale samples, which a synchronous loop never has.
     """
-    if any(cfg.train.max_staleness or spec.max_staleness for spec in cfg.agents.values()):
-        raise ValueError("the reference loop is on-policy: set train.max_staleness=0")
-    model_dirs = {a: str(resolve_model(spec.model, seed=cfg.train.seed)) for a, spec in cfg.agents.items()}
+    if any(cfg.run.max_staleness or spec.max_staleness for spec in cfg.agents.values()):
+        raise ValueError("the reference loop is on-policy: set run.max_staleness=0")
+    model_dirs = {a: str(resolve_model(spec.model, seed=cfg.run.seed)) for a, spec in cfg.agents.items()}
     graph = EpisodeGraph(cfg, {a: load_tokenizer(Path(d)) for a, d in model_dirs.items()})
     trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
     # adapter agents of one model share a base for generating and one for training, as on a worker
@@ -56,13 +56,13 @@ def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict
                         max_new_tokens=spec.sampling.max_new_tokens, host=hosts.get(("train", model_dirs[a])))
         for a, spec in cfg.agents.items()
     }
-    tasks = task_stream(cfg.data)
-    group = cfg.train.group_size
+    problems = problem_stream(cfg.data)
+    group = cfg.run.group_size
 
-    for step in range(steps if steps is not None else cfg.train.steps):
+    for step in range(steps if steps is not None else cfg.run.steps):
         # ---- generate all: node by node in graph order, every episode at once
-        inputs = tasks.batch(step, cfg.train.queries_per_step)
-        episodes = [Episode(task, j, step) for task in inputs for j in range(group)]
+        inputs = problems.batch(step, cfg.run.queries_per_step)
+        episodes = [Episode(problem, j, step) for problem in inputs for j in range(group)]
         for node in graph.order:
             agent = graph.agent_of[node]
             todo = [ep for ep in episodes if node not in ep.skipped]  # a loop's early stop skips later turns
@@ -71,7 +71,7 @@ def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict
             for ep in todo:
                 sid = graph.sample_id(ep, node)
                 requests.append(GenerationRequest(sid, graph.prompt(ep, node), sampling.max_new_tokens,
-                                                  sampling.temperature, request_seed(cfg.train.seed, sid)))
+                                                  sampling.temperature, request_seed(cfg.run.seed, sid)))
             for ep, request, result in zip(todo, requests, generators[agent].generate(requests), strict=True):
                 graph.record(ep, node, request.prompt_ids, result)
 

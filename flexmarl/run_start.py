@@ -118,4 +118,4 @@ def check_resumable(cfg: RunConfig, run_dir: str | Path) -> None:
 def max_staleness(cfg: RunConfig) -> int:
     """The largest staleness bound of any agent: what verify must allow for this run's updates."""
     bounds = [a.max_staleness for a in cfg.agents.values() if a.max_staleness is not None]
-    return max([cfg.train.max_staleness, *bounds])
+    return max([cfg.run.max_staleness, *bounds])

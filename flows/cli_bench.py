@@ -17,7 +17,8 @@ bench_app = typer.Typer(help="Run a benchmark and write its JSON report.", no_ar
 @bench_app.command("pipeline")
 def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for bench.json, timelines and report.md.")],
-    modes: Annotated[str, typer.Option(help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1,whole-batches.")] = "sync,flexmarl",
+    modes: Annotated[str, typer.Option(
+        help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1,whole-batches.")] = "sync,flexmarl",
     steps: Annotated[int, typer.Option(help="Optimizer steps per agent and mode.")] = 3,
     workload: Annotated[str, typer.Option(help="Preset of the workload: fan_out (skewed), copy (learns), tiny, "
                                           "default (SmolLM2); or fan_out_smollm2 (the skewed fan-out with "
@@ -36,7 +37,7 @@ def pipeline(
     from flexmarl.config import ConfigError
 
     try:
-        report = bench_pipeline(
+        bench_pipeline(
             out_dir=out, modes=[m.strip() for m in modes.split(",") if m.strip()], steps=steps,
             workload=workload, config=config, overrides=set_ or [], reward_threshold=reward_threshold,
             repeats=repeats, log=console.print,
@@ -228,7 +229,8 @@ def train_with_flow(config_file: Path, run_dir: Path, address: str) -> dict:
 
 @bench_app.command("learning")
 def learning(
-    out: Annotated[Path, typer.Option(help="Output directory for learning.json, learning.png, the answers and the run.")],
+    out: Annotated[Path, typer.Option(
+        help="Output directory for learning.json, learning.png, the answers and the run.")],
     steps: Annotated[Optional[int], typer.Option(
         min=1, help="Optimizer steps per agent (default 40: with scoring, under an hour on 2 free CPU cores)."
     )] = None,

@@ -145,7 +145,8 @@ def store_query(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (its config names each agent's tokenizer).")],
     agent: Annotated[Optional[str], typer.Option(help="Whose samples.")] = None,
     version: Annotated[Optional[int], typer.Option(help="Only samples of this policy version.")] = None,
-    where: Annotated[Optional[str], typer.Option(help="SQL condition, e.g. \"reward > 0 and node = 'solver'\".")] = None,
+    where: Annotated[Optional[str], typer.Option(
+        help="SQL condition, e.g. \"reward > 0 and node = 'solver'\".")] = None,
     limit: Annotated[int, typer.Option(min=0, help="At most this many samples; 0 for all.")] = 20,
     format: Annotated[str, typer.Option("--format", help="table or jsonl.")] = "table",
     episode: Annotated[Optional[str], typer.Option(help="Show one whole episode, every agent in graph order.")] = None,

@@ -73,13 +73,13 @@ def train_run(
         preset: a shipped config (flexmarl/presets/): 'default' (SmolLM2-135M solver -> verifier on two-number sums),
             'tiny' (a tiny model, for tests), 'fan_out' or 'copy'; used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
-        steps: optimizer steps per agent (train.steps).
+        steps: optimizer steps per agent (run.steps).
         mode: 'flexmarl' (agents on their own clocks, micro-batches trained as they are committed) or 'sync'
-            (the baseline: generate everything, barrier, train) (train.mode).
-        queries_per_step: task inputs per step (train.queries_per_step).
-        group_size: samples per input, the GRPO group (train.group_size).
+            (the baseline: generate everything, barrier, train) (run.mode).
+        queries_per_step: task inputs per step (run.queries_per_step).
+        group_size: samples per input, the GRPO group (run.group_size).
         max_staleness: versions a sample's generator may lag the trained weights; 0 is on-policy
-            (train.max_staleness).
+            (run.max_staleness).
         lr: the agents' learning rate (training.lr).
         loss_type: 'grpo', 'dapo' or 'dr_grpo': how token losses are averaged (training.loss_type).
         backend: rollout generation backend, 'hf' or 'vllm' (rollout.backend).
@@ -139,7 +139,7 @@ def _run(plan: RunPlan, run_id: str, t0: float, logger) -> dict:
             logger.info("engines: %s", placement.describe())
             pipeline = run_pipeline.submit(ctx, placement)
             outcome = pipeline.result()  # as long as the run: each of the pipeline's own waits is bounded
-            if cfg.train.save_checkpoints:
+            if cfg.run.save_checkpoints:
                 for agent in cfg.agents:
                     save_checkpoint(ctx, outcome.placement, agent)
             return publish_report(ctx, outcome.timeline, time.perf_counter() - t0)

@@ -35,7 +35,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from storage.config import DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_COMPACT_AFTER_FILES
 from storage.maintenance import StoreMaintenance
-from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, UPDATE_SCHEMA, SampleStatus
+from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, UPDATE_SCHEMA
 from storage.tables import (  # noqa: F401 - the store's own errors, importable from here
     StoreError, TableLoadError, commit_retries, describe_delta_error, error_summary, first_unloadable_version,
 )

@@ -23,7 +23,7 @@ class PipelineOutcome:
 
 @task(name="rollout-and-train", cache_policy=NO_CACHE, cache_result_in_memory=False)
 def run_pipeline(ctx: RunContext, placement: Placement) -> PipelineOutcome | State:
-    """The whole rollout stream and every agent's micro-batch training, on Dask, for ``train.steps`` steps;
+    """The whole rollout stream and every agent's micro-batch training, on Dask, for ``run.steps`` steps;
     returns the path of the timeline it writes and where the engines are at the end.
 
     Generation batches and micro-batches are plain Dask tasks inside. This task also shows the run as it goes

@@ -68,8 +68,8 @@ class RunView:
         self._ledger = UpdateLedger()
         self._outcomes: dict[UpdateKey, Future] = {}
         self._runs: list[PrefectFuture] = []
-        self._total = cfg.train.steps * len(cfg.agents)
-        self._done_before = sum(min(v, cfg.train.steps) for v in versions.values())  # a resumed run's
+        self._total = cfg.run.steps * len(cfg.agents)
+        self._done_before = sum(min(v, cfg.run.steps) for v in versions.values())  # a resumed run's
         self._recorded = 0
 
     def __enter__(self) -> RunView:

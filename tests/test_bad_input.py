@@ -78,7 +78,7 @@ def missing_config(tmp_path: Path) -> str:
 def bad_override(tmp_path: Path) -> str:
     from flexmarl.config import ConfigError, load_config
 
-    return raised(ConfigError, lambda: load_config(preset="tiny", overrides=["train.steps"]))
+    return raised(ConfigError, lambda: load_config(preset="tiny", overrides=["run.steps"]))
 
 
 # ------------------------------------------------------------------ models and data
@@ -167,11 +167,11 @@ def scored_episodes(cfg, step: int = 0, input_id: str = "q0"):
     from flexmarl.rollout.backend import GenerationResult
     from flexmarl.rollout.episodes import Episode, EpisodeGraph
     from flexmarl.rollout.scoring import score
-    from flexmarl.workloads.datasets import TaskItem
+    from flexmarl.workloads.datasets import Problem
 
     tok = build_tokenizer()
     graph = EpisodeGraph(cfg, {a: tok for a in cfg.agents})
-    episodes = [Episode(TaskItem(input_id, {"question": "1+1"}, "2"), j, step) for j in range(3)]
+    episodes = [Episode(Problem(input_id, {"question": "1+1"}, "2"), j, step) for j in range(3)]
     for ep in episodes:
         ready = list(graph.roots)
         while ready:
@@ -519,18 +519,22 @@ CASES = [
           "start from a preset")),
     Case("missing-config-file", missing_config, (r"cannot read config .*nope.yaml: No such file", "check the path")),
     Case("unknown-preset", unknown_preset, (r"unknown preset 'tinny' \(did you mean 'tiny'\?\)", "presets:")),
-    Case("bad-override", bad_override, ("override 'train.steps' must look like dotted.key=value",)),
-    Case("unknown-key", lambda t: config_error(t, overrides=("train.stepz=3",)),
-         (r"train.stepz: unknown key \(did you mean 'steps'\?\)", "valid keys here: .*'steps'"),
+    Case("bad-override", bad_override, ("override 'run.steps' must look like dotted.key=value",)),
+    Case("unknown-key", lambda t: config_error(t, overrides=("run.stepz=3",)),
+         (r"run.stepz: unknown key \(did you mean 'steps'\?\)", "valid keys here: .*'steps'"),
          f"{CONFIG}::test_unknown_key_suggests_the_nearest"),
-    Case("wrong-type", lambda t: config_error(t, overrides=("train.steps=many",)),
-         (r"train.steps: Input should be a valid integer.*\(got 'many'\)", "docs/configuration.md lists every key"),
+    Case("renamed-key", lambda t: config_error(t, overrides=("train.steps=3",)),
+         (r"override 'train.steps=3': train is now run: write run.steps",)),
+    Case("renamed-section", lambda t: config_error(t, text="train: {steps: 3}\n"),
+         (r"the section 'train:' is now 'run:'; rename it \(its keys keep their names\)",)),
+    Case("wrong-type", lambda t: config_error(t, overrides=("run.steps=many",)),
+         (r"run.steps: Input should be a valid integer.*\(got 'many'\)", "docs/configuration.md lists every key"),
          f"{CONFIG}::test_wrong_type_names_the_field"),
     Case("out-of-range", lambda t: config_error(t, overrides=("training.lr=-1",)),
          (r"training.lr: Input should be greater than 0 \(got -1\)",)),
     Case("partial-group-micro-batch", lambda t: config_error(t, overrides=("training.micro_batch_size=6",)),
          (r"training.micro_batch_size=6 is not a whole number of GRPO groups of agent 'solver': one query gives it "
-          r"4 samples \(train.group_size=4 x 1 node\(s\)\)", r"use 4 \(or another multiple of 4\), or set "
+          r"4 samples \(run.group_size=4 x 1 node\(s\)\)", r"use 4 \(or another multiple of 4\), or set "
           r"agents.solver.training.micro_batch_size")),
     Case("cyclic-graph",
          lambda t: config_error(t, with_change(lambda r: r["graph"]["edges"].append(["verifier", "solver"]))),
@@ -562,8 +566,8 @@ CASES = [
          (r"agents.solver.reward: unknown reward 'os.system'", "never import paths",
           "list it in flexmarl/workloads/registry.py"),
          f"{CONFIG}::test_unregistered_reward_is_refused"),
-    Case("reward-needs-task-field", lambda t: config_error(t, overrides=("agents.solver.reward=passes_tests",)),
-         (r"'passes_tests' reads task field\(s\) \['entry_point'\], which this data does not provide",
+    Case("reward-needs-problem-field", lambda t: config_error(t, overrides=("agents.solver.reward=passes_tests",)),
+         (r"'passes_tests' reads problem field\(s\) \['entry_point'\], which this data does not provide",
           "use data.dataset: humaneval, or another reward"),
          "tests/flexmarl/workloads/test_code_workload.py::test_a_code_reward_on_data_without_code_is_refused"),
     Case("bad-dask-address", lambda t: config_error(t, overrides=("cluster.address=localhost",)),
@@ -626,8 +630,8 @@ CASES = [
           "start it with `prefect server start` or unset PREFECT_API_URL")),
     Case("prefect-silent", prefect_silent,
          (r"the Prefect API at http://127.0.0.1:\d+/api does not answer \(no answer within 1s\)",)),
-    Case("bad-override-value", lambda t: config_error(t, overrides=("train.steps=[",)),
-         (r"override 'train.steps=\[': the value is not valid YAML", "quote it")),
+    Case("bad-override-value", lambda t: config_error(t, overrides=("run.steps=[",)),
+         (r"override 'run.steps=\[': the value is not valid YAML", "quote it")),
     Case("bad-memory-limit", lambda t: config_error(t, overrides=("cluster.memory_limit=lots",)),
          (r"cluster.memory_limit: 'lots' is not a memory size", "write a size such as '6GiB'")),
     Case("template-does-not-parse",
@@ -648,7 +652,7 @@ CASES = [
          (r"data.dataset_args: reasoning-gym refuses 'basic_arithmetic' with .*max_terms must be >= min_terms",
           "change those arguments")),
     Case("empty-jsonl", lambda t: jsonl_error(t, "\n"),
-         (r"data file .*data.jsonl holds no tasks", "give one JSON object per line")),
+         (r"data file .*data.jsonl holds no problems", "give one JSON object per line")),
     Case("jsonl-answer-without-number",
          lambda t: jsonl_error(t, '{"question": "1+1", "answer": "#### 2"}\n{"question": "2+2", "answer": "four"}\n'),
          (r"data.jsonl:2: the answer has no final number \(it ends 'four'\)", "end each answer with '#### <number>'")),
@@ -867,10 +871,12 @@ CLI_CASES: dict[str, Callable] = {
     "not a mapping": lambda t, s: ["validate", text_file(t, "- solver\n- verifier\n")],
     "missing config file": lambda t, s: ["validate", str(t / "nope.yaml")],
     "unknown preset": lambda t, s: ["validate", "--preset", "tinny"],
-    "bad `--set`": lambda t, s: validate_tiny("train.steps"),
-    "`--set` value that is not YAML": lambda t, s: validate_tiny("train.steps=["),
-    "unknown key": lambda t, s: validate_tiny("train.stepz=3"),
-    "wrong type": lambda t, s: validate_tiny("train.steps=many"),
+    "bad `--set`": lambda t, s: validate_tiny("run.steps"),
+    "`--set` value that is not YAML": lambda t, s: validate_tiny("run.steps=["),
+    "unknown key": lambda t, s: validate_tiny("run.stepz=3"),
+    "renamed key": lambda t, s: validate_tiny("train.steps=3"),
+    "renamed section": lambda t, s: ["validate", text_file(t, "train: {steps: 3}\n")],
+    "wrong type": lambda t, s: validate_tiny("run.steps=many"),
     "value out of range": lambda t, s: validate_tiny("training.lr=-1"),
     "memory size": lambda t, s: train_tiny(t, "--set", "cluster.memory_limit=lots"),
     "cyclic graph": lambda t, s: ["validate", tiny_file(t, edge("verifier", "solver"))],
@@ -879,12 +885,15 @@ CLI_CASES: dict[str, Callable] = {
         t, lambda r: r["agents"]["verifier"].update(prompt="{solver} {question"))],
     "template field that is not a name": lambda t, s: validate_tiny('agents.solver.prompt="{question.__class__}"'),
     "unknown agent": lambda t, s: ["validate", tiny_file(t, lambda r: r["graph"]["nodes"][1].update(agent="verifer"))],
-    "unused agent": lambda t, s: ["validate", tiny_file(t, lambda r: r["agents"].update(judge=r["agents"]["verifier"]))],
+    "unused agent": lambda t, s: ["validate",
+                                  tiny_file(t, lambda r: r["agents"].update(judge=r["agents"]["verifier"]))],
     "unknown node": lambda t, s: ["validate", tiny_file(t, edge("solver", "verifer"))],
-    "duplicate node": lambda t, s: ["validate", tiny_file(t, lambda r: r["graph"]["nodes"].append(r["graph"]["nodes"][0]))],
-    "bad agent name": lambda t, s: ["validate", tiny_file(t, lambda r: r["agents"].update(Solver=r["agents"].pop("solver")))],
+    "duplicate node": lambda t, s: ["validate",
+                                    tiny_file(t, lambda r: r["graph"]["nodes"].append(r["graph"]["nodes"][0]))],
+    "bad agent name": lambda t, s: ["validate",
+                                    tiny_file(t, lambda r: r["agents"].update(Solver=r["agents"].pop("solver")))],
     "unregistered parser or reward": lambda t, s: validate_tiny("agents.solver.reward=os.system"),
-    "reward needs a task field": lambda t, s: validate_tiny("agents.solver.reward=passes_tests"),
+    "reward needs a problem field": lambda t, s: validate_tiny("agents.solver.reward=passes_tests"),
     "bad scheduler address": lambda t, s: train_tiny(t, "--dask-address", "localhost"),
     "run-wide setting per agent": lambda t, s: validate_tiny("agents.solver.training.mixed_precision=bf16"),
     "fp16": lambda t, s: validate_tiny("training.mixed_precision=fp16"),
@@ -897,7 +906,8 @@ CLI_CASES: dict[str, Callable] = {
     "pickled weights": lambda t, s: validate_tiny(f"agents.solver.model={pickled_model(t)}"),
     "not a GGUF file": lambda t, s: validate_tiny(f"agents.solver.model={fake_gguf_file(t)}"),
     "damaged safetensors": lambda t, s: train_tiny(t, "--set", f"agents.solver.model={truncated_weights(t)}"),
-    "tokenizer does not match its model": lambda t, s: validate_tiny(f"agents.verifier.model={tokenizer_mismatch_model(t)}"),
+    "tokenizer does not match its model":
+        lambda t, s: validate_tiny(f"agents.verifier.model={tokenizer_mismatch_model(t)}"),
     "missing data file": lambda t, s: validate_tiny(f"data.path={t / 'nope.jsonl'}"),
     "corrupt JSONL line": lambda t, s: validate_tiny("data.path=" + text_file(
         t, '{"question": "1+1", "answer": "#### 2"}\n{"question": "2+2", "answer": 4}\n', "data.jsonl")),
@@ -938,7 +948,8 @@ REACH_PREFECT = {"Prefect API unreachable", "Prefect API silent"}  # refused at 
 # run's flow with the message), or needing another environment.
 DURING_A_RUN = {
     "head size vLLM's CPU attention lacks": "needs vLLM (.venv-vllm); tested in tests/flexmarl/rollout",
-    "adapters a vLLM engine cannot hold": "needs vLLM (.venv-vllm); tested with vLLM patched in, tests/flexmarl/training",
+    "adapters a vLLM engine cannot hold":
+        "needs vLLM (.venv-vllm); tested with vLLM patched in, tests/flexmarl/training",
     "a reward function raises": "recorded and counted while the run goes on",
     "an output does not parse": "recorded and counted while the run goes on",
     "NaN loss": "the update is skipped while the run goes on",
@@ -951,7 +962,8 @@ DURING_A_RUN = {
     "stale training state": "found when a state moves between slots",
     "training state of a version missing": "found when the engines start from their snapshots",
     "run stopped by a full disk": "met during the run, and not a user error (exit 1); tests/reliability fills a tmpfs",
-    "run stopped by a lost Prefect API": "met during the run, and not a user error (exit 1); tested by killing the server",
+    "run stopped by a lost Prefect API":
+        "met during the run, and not a user error (exit 1); tested by killing the server",
     "worker resource nobody offers": "found when the engines are placed on the cluster, inside the flow",
     "more slots than workers": "found when the engines are placed on the cluster, inside the flow",
 }

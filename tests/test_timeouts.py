@@ -20,7 +20,7 @@ from flexmarl.orchestrator.runtime import Runtime
 
 pytestmark = pytest.mark.cluster  # a threads LocalCluster each
 
-SMALL = ["train.steps=1", "train.queries_per_step=2", "train.group_size=2", "training.micro_batch_size=4"]
+SMALL = ["run.steps=1", "run.queries_per_step=2", "run.group_size=2", "training.micro_batch_size=4"]
 
 
 def wait_for_file(path: Path, limit_s: float = 60.0) -> None:

@@ -99,7 +99,8 @@ def main(rounds: int) -> None:
            "rates": {c: {k: med(v) for k, v in d.items() if v} for c, d in rates.items()}}
     alone = {k: statistics.median(rates[f"{k} alone"]["A"]) for k in ("decode", "train")}
     out["slowdown"] = {  # each process's rate over the same work alone
-        "decode beside decode": statistics.median(rates["decode beside decode"]["A"] + rates["decode beside decode"]["B"])
+        "decode beside decode": statistics.median(rates["decode beside decode"]["A"]
+                                                  + rates["decode beside decode"]["B"])
         / alone["decode"],
         "decode beside train": statistics.median(rates["decode beside train"]["A"]) / alone["decode"],
         "train beside decode": statistics.median(rates["decode beside train"]["B"]) / alone["train"],

@@ -40,7 +40,7 @@ from storage.verify import verify_store
 
 KINDS = ("worker_kill_rollout", "worker_kill_train", "replica_hang", "driver_kill")
 # Faults must be noticed in seconds on a tiny run: a short heartbeat and request timeout.
-CHAOS_SETTINGS = ["train.steps=3", "cluster.heartbeat_timeout_s=5", "rollout.request_timeout_s=60"]
+CHAOS_SETTINGS = ["run.steps=3", "cluster.heartbeat_timeout_s=5", "rollout.request_timeout_s=60"]
 WEIGHT_TOLERANCE = 1e-5  # float rounding: micro-batches may be accumulated in another order after a fault
 
 
@@ -196,7 +196,7 @@ def bench_chaos(
         reference, ref_weights = train(cfg, out_dir / "reference", address)
         # how many tasks of each kind a run submits, so that a fault's point falls inside the run
         tasks = {"generate": sum(s.kind == "rollout" for s in reference.spans),
-                 "train": sum(s.kind == "train" for s in reference.spans) - cfg.train.steps * len(cfg.agents)}
+                 "train": sum(s.kind == "train" for s in reference.spans) - cfg.run.steps * len(cfg.agents)}
         commits = sum(ExperienceStore(out_dir / "reference" / "store").version(f"samples/{a}") for a in cfg.agents)
         for i, kind in enumerate(schedule(faults, seed)):
             run_dir = out_dir / f"run{i}-{kind}"

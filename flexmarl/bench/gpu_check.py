@@ -109,7 +109,6 @@ def weight_sync(models: dict[str, Path], smoke: bool, repeats: int = 5) -> dict:
         out[name] = {"bytes": tensor_bytes(weights), "to_host_s": statistics.median(to_host),
                      "load_s": statistics.median(load), "repeats": repeats}
         trainer.close()
-        del replica
     return out
 
 

@@ -33,13 +33,13 @@ from flexmarl.training.state import tensor_bytes
 
 # Each mode is a set of overrides of the same workload.
 MODES: dict[str, list[str]] = {
-    "sync": ["train.mode=sync", "rollout.load_balance=false"],
-    "flexmarl": ["train.mode=flexmarl"],
-    "no-lb": ["train.mode=flexmarl", "rollout.load_balance=false"],
-    "no-pipeline": ["train.mode=flexmarl", "train.pipeline=false"],
-    "stale1": ["train.mode=flexmarl", "train.max_staleness=1"],
+    "sync": ["run.mode=sync", "rollout.load_balance=false"],
+    "flexmarl": ["run.mode=flexmarl"],
+    "no-lb": ["run.mode=flexmarl", "rollout.load_balance=false"],
+    "no-pipeline": ["run.mode=flexmarl", "run.pipeline=false"],
+    "stale1": ["run.mode=flexmarl", "run.max_staleness=1"],
     # flexmarl without cutting generation into micro-batch-sized batches (``rollout.micro_batch_generation``)
-    "whole-batches": ["train.mode=flexmarl", "rollout.micro_batch_generation=false"],
+    "whole-batches": ["run.mode=flexmarl", "rollout.micro_batch_generation=false"],
 }
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -50,9 +50,9 @@ WORKLOADS: dict[str, tuple[str, list[str]]] = {
     "fan_out_smollm2": ("fan_out", [
         *(f"agents.{agent}.model={SMOLLM2}" for agent in ("planner", "solver", "aggregator")),
         "agents.solver.sampling.max_new_tokens=32",
-        "train.queries_per_step=4",
+        "run.queries_per_step=4",
         "training.lr=1e-5",
-        "train.snapshot_every=4",  # a state is 1.7 GB: sparse states, as in the default preset
+        "run.snapshot_every=4",  # a state is 1.7 GB: sparse states, as in the default preset
     ]),
 }
 
@@ -110,7 +110,7 @@ def state_moves(result: PipelineResult) -> dict:
 
 
 def snapshot_cost(result: PipelineResult) -> dict:
-    """The training states written (``train.snapshot_every``): how many, their worker-seconds, and their share
+    """The training states written (``run.snapshot_every``): how many, their worker-seconds, and their share
     of the run's worker-seconds (``share``; the same share of the wall time when they hold up the run)."""
     spans = [s for s in result.spans if s.kind == "snapshot"]
     seconds = sum(s.end - s.start for s in spans)
@@ -229,7 +229,7 @@ def bench_pipeline(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def mode_config(mode: str) -> RunConfig:
-        extra = [*overrides, *MODES[mode], f"train.steps={steps}"]
+        extra = [*overrides, *MODES[mode], f"run.steps={steps}"]
         return load_config(config, overrides=extra) if config else workload_config(workload, extra)
 
     cluster = cluster or mode_config(modes[0]).cluster
@@ -346,9 +346,9 @@ def markdown_table(report: dict) -> str:
     lines = [
         f"# Pipeline benchmark: {report['workload']}, {report['steps']} steps, {report.get('workers')} workers",
         "",
-        f"Medians of {report.get('rounds_done', report['repeats'])} interleaved rounds, [min, max] across rounds; the speedup is each "
-        "round's sync wall time over the mode's; efficiency = work bound / wall time; speedup = schedule gain "
-        "(efficiency over sync's) x work ratio (sync's bound over the mode's).",
+        f"Medians of {report.get('rounds_done', report['repeats'])} interleaved rounds, [min, max] across rounds; "
+        "the speedup is each round's sync wall time over the mode's; efficiency = work bound / wall time; "
+        "speedup = schedule gain (efficiency over sync's) x work ratio (sync's bound over the mode's).",
         "",
         "| mode | wall s | speedup vs sync | schedule gain | work ratio | utilisation | bound s | efficiency | samples "
         "| tokens | sync MB/update | peak RSS/worker GB | driver busy | snapshots | generation s | training s "

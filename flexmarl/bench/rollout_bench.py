@@ -27,17 +27,17 @@ from flexmarl.report.timeline import draw_queues, draw_timeline
 
 # The fan_out preset, skewed harder: the solver's three calls carry nearly all the tokens, and the aggregator
 # runs the small model, so that the replica slots dealt evenly at the start are far from where the work is.
-SKEW = ["agents.aggregator.model=tiny", "agents.solver.sampling.max_new_tokens=96", "train.queries_per_step=16"]
+SKEW = ["agents.aggregator.model=tiny", "agents.solver.sampling.max_new_tokens=96", "run.queries_per_step=16"]
 # Each way of sampling is a set of overrides of the same workload (one step, no training).
 WAYS: dict[str, list[str]] = {
-    "layered": ["train.mode=sync", "rollout.load_balance=true"],
-    "dependency": ["train.mode=flexmarl", "rollout.load_balance=true"],
-    "without_lb": ["train.mode=flexmarl", "rollout.load_balance=false"],
+    "layered": ["run.mode=sync", "rollout.load_balance=true"],
+    "dependency": ["run.mode=flexmarl", "rollout.load_balance=true"],
+    "without_lb": ["run.mode=flexmarl", "rollout.load_balance=false"],
 }
 
 
 def sample_once(overrides: list[str], run_dir: Path, address: str, workload: str) -> PipelineResult:
-    cfg = load_config(preset=workload, overrides=[*SKEW, *overrides, "train.steps=1"])
+    cfg = load_config(preset=workload, overrides=[*SKEW, *overrides, "run.steps=1"])
     run_id, store_uri = prepare_run(cfg, run_dir)
     runtime = Runtime(RunContext(run_id, str(run_dir.resolve()), store_uri, address), cfg)
     try:
@@ -73,7 +73,7 @@ def bench_rollout(
     backends = compare_backends(backend_model)
     report = {
         "workload": workload,
-        "episodes": cfg.train.queries_per_step * cfg.train.group_size,
+        "episodes": cfg.run.queries_per_step * cfg.run.group_size,
         "tokens": tokens,
         "repeats": repeats,
         "backends": backends["backends"],

@@ -58,7 +58,8 @@ def same_state(a: HostCopy, b: HostCopy) -> bool:
     )
 
 
-def bench_one(model: str, object_store: str = "memory://flexmarl-bench-swap", adapter: AdapterConfig | None = None) -> dict:
+def bench_one(model: str, object_store: str = "memory://flexmarl-bench-swap",
+              adapter: AdapterConfig | None = None) -> dict:
     """One model's legs; with ``adapter``, the state of an agent that trains that LoRA adapter on the model."""
     model_dir = resolve_model(model)
     config = TrainerConfig(lr=1e-5, lr_warmup_steps=2, adapter=adapter)
@@ -110,8 +111,8 @@ def bench_swap(models: Sequence[str], log: Callable[[str], None] = print, adapte
         report["models"][model] = bench_one(model)
         if adapter_rank:
             log(f"swap benchmark: {model}, LoRA adapter r={adapter_rank}")
-            report["adapters"][model] = {"r": adapter_rank,
-                                         **bench_one(model, adapter=AdapterConfig(r=adapter_rank, alpha=2 * adapter_rank))}
+            adapter = AdapterConfig(r=adapter_rank, alpha=2 * adapter_rank)
+            report["adapters"][model] = {"r": adapter_rank, **bench_one(model, adapter=adapter)}
     report["bit_exact"] = all(m["bit_exact"] for kind in ("models", "adapters") for m in report[kind].values())
     report["device"] = next(iter(report["models"].values()))["device"] if report["models"] else "cpu"
     return report

@@ -164,7 +164,7 @@ InstanceGroup = Callable[[str, int | None], tuple[str, ...]]
 
 
 def sample_id(input_id: str, turn: int, trajectory_id: int) -> str:
-    """A sample's id: its task input, its node's ``turn`` (index in ``ExpandedGraph.order``), its group member."""
+    """A sample's id: its problem's input, its node's ``turn`` (index in ``ExpandedGraph.order``), its group member."""
     return f"{input_id}_{turn}_{trajectory_id}"
 
 

@@ -2,7 +2,7 @@
 
 A node is one invocation of an agent; an edge ``[a, b]`` says node ``b``'s prompt is built from node
 ``a``'s output, which the template of ``b`` reads as ``{a}``. The other template fields come from the
-workload's task (``{question}``). A node may run as ``copies: k`` parallel instances (fan-out), and a
+workload's problem (``{question}``). A node may run as ``copies: k`` parallel instances (fan-out), and a
 cycle must be declared as a loop with ``max_turns`` (and an optional early stop). ``GraphSpec.expanded``
 holds the unrolled acyclic graph the rollout engine runs; ``flexmarl.meg.graph`` has the rules and
 docs/meg.md the guide.
@@ -30,7 +30,7 @@ from flexmarl.configbase import Strict, did_you_mean
 from flexmarl.meg.graph import DeclaredLoop, DeclaredNode, ExpandedGraph, expand
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.names import check_model_setting
-from flexmarl.workloads.registry import PARSERS, REWARD_TASK_FIELDS, REWARDS
+from flexmarl.workloads.registry import PARSERS, REWARD_PROBLEM_FIELDS, REWARDS
 
 NAME = r"^[a-z][a-z0-9_]{0,39}$"  # agent and node names become table and directory names
 
@@ -82,7 +82,7 @@ class AgentSpec(Strict):
     ``model`` and an adapter share one base in each rollout replica and each training slot, and weight syncs,
     state moves and snapshots carry only the adapter. null: the agent trains all its weights."""
     prompt: str
-    """User message template; ``{field}`` reads a task field or a parent node's response."""
+    """User message template; ``{field}`` reads a problem field or a parent node's response."""
     system: str | None = None
     """Optional system message."""
     parser: str
@@ -91,7 +91,7 @@ class AgentSpec(Strict):
     """Registered reward function (see ``flexmarl.workloads.registry.REWARDS``)."""
     sampling: SamplingConfig = SamplingConfig()
     max_staleness: int | None = Field(None, ge=0)
-    """This agent's staleness bound; null uses ``train.max_staleness``."""
+    """This agent's staleness bound; null uses ``run.max_staleness``."""
     training: dict[str, Any] = {}
     """This agent's trainer settings that differ from ``training`` (e.g. ``{lr: 1e-5, kl_coef: 0.01}``)."""
 
@@ -234,36 +234,36 @@ class MEGSpec(Strict):
             )
         return self
 
-    def check_templates(self, task_fields: set[str]) -> None:
-        """Every ``{field}`` of a node's prompt must be a task field or a declared parent of the node.
+    def check_templates(self, problem_fields: set[str]) -> None:
+        """Every ``{field}`` of a node's prompt must be a problem field or a declared parent of the node.
 
         A parent with ``copies: k`` provides ``{parent}`` and ``{parent_0} .. {parent_<k-1>}``. Also checks
-        that each agent's reward finds the task fields it reads.
+        that each agent's reward finds the problem fields it reads.
         """
         for name, agent in self.agents.items():
-            needed = sorted(REWARD_TASK_FIELDS.get(agent.reward, set()) - task_fields)
+            needed = sorted(REWARD_PROBLEM_FIELDS.get(agent.reward, set()) - problem_fields)
             if needed:
                 raise ValueError(
-                    f"agents.{name}.reward: {agent.reward!r} reads task field(s) {needed}, which this data does "
-                    f"not provide (it has {sorted(task_fields)}); use data.dataset: humaneval, or another reward"
+                    f"agents.{name}.reward: {agent.reward!r} reads problem field(s) {needed}, which this data does "
+                    f"not provide (it has {sorted(problem_fields)}); use data.dataset: humaneval, or another reward"
                 )
         copies = {n.name: n.copies for n in self.graph.nodes}
         for node in self.graph.nodes:
             parents = self.graph.parents(node.name)
             provided = set(parents) | {f"{p}_{i}" for p in parents if copies[p] > 1 for i in range(copies[p])}
-            shadowed = sorted(provided & task_fields)
+            shadowed = sorted(provided & problem_fields)
             if shadowed:
                 raise ValueError(
-                    f"node {node.name!r} reads parent field(s) {shadowed} that are also task fields; rename "
-                    f"the parent node (task fields: {sorted(task_fields)})"
+                    f"node {node.name!r} reads parent field(s) {shadowed} that are also problem fields; rename "
+                    f"the parent node (problem fields: {sorted(problem_fields)})"
                 )
-            available = task_fields | provided
+            available = problem_fields | provided
             missing = sorted(self.agents[node.agent].template_fields() - available)
             if missing:
                 hint = did_you_mean(missing[0], sorted(available)) if len(missing) == 1 else ""
                 raise ValueError(
                     f"node {node.name!r} (agent {node.agent!r}): prompt field(s) {missing} are provided by "
-                    f"neither the task nor a parent node{hint}; available: {sorted(available)}; fix "
+                    f"neither the problem nor a parent node{hint}; available: {sorted(available)}; fix "
                     f"agents.{node.agent}.prompt, or add an edge [<parent>, {node.name}] to graph.edges"
                 )
 

@@ -27,7 +27,7 @@ from flexmarl.orchestrator.commands import Commit, MicroBatch, Request, StepDone
 from flexmarl.rollout.backend import GenerationResult
 from flexmarl.rollout.episodes import Episode, EpisodeGraph
 from flexmarl.rollout.scoring import episode_rows, sample_rows, scale_by_agent, score, trainable_samples
-from flexmarl.workloads.datasets import TaskStream
+from flexmarl.workloads.datasets import ProblemStream
 from storage.schema import SampleStatus
 from storage.store import ExperienceStore
 
@@ -88,8 +88,8 @@ class RewardGate:
 class Collector:
     """Episodes and commits of one pipeline run (the only writer of its sample and episode tables)."""
 
-    def __init__(self, cfg: RunConfig, store: ExperienceStore, graph: EpisodeGraph, tasks: TaskStream) -> None:
-        self.cfg, self.store, self.graph, self.tasks = cfg, store, graph, tasks
+    def __init__(self, cfg: RunConfig, store: ExperienceStore, graph: EpisodeGraph, problems: ProblemStream) -> None:
+        self.cfg, self.store, self.graph, self.problems = cfg, store, graph, problems
         self.trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
         self.episodes: dict[int, list[Episode]] = {}
         self.rewards: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -120,9 +120,9 @@ class Collector:
     # ------------------------------------------------------------------ steps
 
     def open_step(self, sched: Scheduler, step: int) -> None:
-        tasks = self.tasks.batch(step, self.cfg.train.queries_per_step)
-        self.episodes[step] = [Episode(t, j, step) for t in tasks for j in range(self.cfg.train.group_size)]
-        sched.open_step(step, [t.input_id for t in tasks])
+        problems = self.problems.batch(step, self.cfg.run.queries_per_step)
+        self.episodes[step] = [Episode(t, j, step) for t in problems for j in range(self.cfg.run.group_size)]
+        sched.open_step(step, [t.input_id for t in problems])
         replay: set[str] = set()
         if self.stored:
             results, committed = self.stored.take(step)
@@ -130,7 +130,7 @@ class Collector:
             replay = set(results)
             for agent, stored in committed.items():
                 for mb in sched.training.micro[(agent, step)]:
-                    rows = stored.of_inputs(tasks[q].input_id for q in mb.queries)
+                    rows = stored.of_inputs(problems[q].input_id for q in mb.queries)
                     if rows.num_rows:  # a micro-batch is committed in one append: some rows means all of them
                         self._mark_committed(sched, mb, rows, stored.version,
                                              consumed=mb.step < sched.versions[mb.agent])
@@ -153,7 +153,7 @@ class Collector:
 
     def score_group(self, step: int, query: int, wake: Callable[[], None]) -> None:
         """Score the group in a thread; ``wake`` is called (from it) once it is scored."""
-        g = self.cfg.train.group_size
+        g = self.cfg.run.group_size
         fut = self.scoring.submit(score, self.episodes[step][query * g:(query + 1) * g], self.cfg, self.trainer_cfg)
         self.gate.scoring(step, query, fut)
         fut.add_done_callback(lambda _: wake())
@@ -175,7 +175,7 @@ class Collector:
     def commit(self, sched: Scheduler, cmd: Commit) -> list[MicroBatchCommitted]:
         """Append the command's micro-batches to the agent's sample table; returns what was committed."""
         episodes = self.episodes[cmd.step]
-        g = self.cfg.train.group_size
+        g = self.cfg.run.group_size
         if cmd.whole_batch:  # agent-wise normalisation over the agent's whole batch
             scale_by_agent([o for ep in episodes for o in ep.outputs.values() if o.agent == cmd.agent],
                            eps=self.trainer_cfg[cmd.agent].adv_eps)

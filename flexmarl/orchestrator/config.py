@@ -11,7 +11,7 @@ from flexmarl.configbase import Strict
 TrainMode = Literal["flexmarl", "sync"]
 
 
-class TrainLoopConfig(Strict):
+class RunLoopConfig(Strict):
     steps: int = Field(2, ge=1)
     """Optimizer steps per agent."""
     mode: TrainMode = "flexmarl"

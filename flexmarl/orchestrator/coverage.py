@@ -1,6 +1,6 @@
 """Was every planned prompt trained exactly once per step? Counted from the store against the run's plan.
 
-The plan of a run is deterministic: step s draws ``train.queries_per_step`` tasks from the task stream, and
+The plan of a run is deterministic: step s draws ``run.queries_per_step`` tasks from the task stream, and
 each agent's batch of s holds one sample per (task, group member, node of the agent). The update of an agent
 to version s + 1 consumes that batch. After a crash, a resume or a lost worker, ``training_coverage`` counts
 what went wrong, if anything: planned samples no update trained (lost), samples stored or trained more than
@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from flexmarl.config import RunConfig
 from flexmarl.rollout.episodes import sample_id
 from flexmarl.rollout.scoring import trainable_samples
-from flexmarl.workloads.datasets import task_stream
+from flexmarl.workloads.datasets import problem_stream
 from storage.schema import SampleStatus
 from storage.store import EPISODES, UPDATES, ExperienceStore
 
@@ -42,7 +42,7 @@ class Coverage:
 
 def training_coverage(store: ExperienceStore, cfg: RunConfig) -> Coverage:
     """Compare what each agent's updates consumed with the run's plan (see the module docstring)."""
-    tasks = task_stream(cfg.data)
+    tasks = problem_stream(cfg.data)
     order = {node: turn for turn, node in enumerate(cfg.graph.expanded.order())}
     updates = store.read(UPDATES, columns=["agent", "policy_version", "consumed_ids"])
     episodes = store.read(EPISODES, columns=["episode_id", "node_status"])
@@ -52,7 +52,7 @@ def training_coverage(store: ExperienceStore, cfg: RunConfig) -> Coverage:
         for node, s in status if s == "skipped"
     }
     versions = {a: store.policy_version(a) for a in cfg.agents}
-    steps = min(min(versions.values()), cfg.train.steps)
+    steps = min(min(versions.values()), cfg.run.steps)
     lost = duplicated = unplanned = prompts_skipped = 0
     for agent in cfg.agents:
         samples = store.read_samples(agent, columns=["sample_id", "status", "input_id", "node", "reward"])
@@ -68,10 +68,10 @@ def training_coverage(store: ExperienceStore, cfg: RunConfig) -> Coverage:
         for step in range(steps):
             consumed = set(consumed_by.get(step + 1, []))
             planned_ids = set()
-            for task in tasks.batch(step, cfg.train.queries_per_step):
+            for task in tasks.batch(step, cfg.run.queries_per_step):
                 expected = {
                     sample_id(task.input_id, order[node], j)
-                    for j in range(cfg.train.group_size) for node in cfg.nodes_of(agent)
+                    for j in range(cfg.run.group_size) for node in cfg.nodes_of(agent)
                     if (f"{task.input_id}_{j}", node) not in skipped
                 }
                 planned_ids |= expected

@@ -5,7 +5,7 @@ this module only submits its jobs to the workers they are pinned to, turns finis
 scheduler's events, keeps deadlines, and leaves episodes and store commits to the collector
 (``collector.py``). It records a timeline of every worker's busy time.
 
-Faults: every ``train.snapshot_every`` updates the agent's training state is copied before the update is
+Faults: every ``run.snapshot_every`` updates the agent's training state is copied before the update is
 recorded and written as a snapshot in the background (``training/snapshots.py``); a recovery job that needs a
 version without one rebuilds it on its worker by replaying the store's updates since the last
 (``training/replay.py``). A run that continues a crashed one replays the samples its store already holds
@@ -48,7 +48,7 @@ from flexmarl.rollout.balancer import InterAgentBalancer
 from flexmarl.rollout.episodes import EpisodeGraph, request_seed
 from flexmarl.training import replay, slot, snapshots
 from flexmarl.training.slot import StateResumed
-from flexmarl.workloads.datasets import TaskStream
+from flexmarl.workloads.datasets import ProblemStream
 from storage.store import ExperienceStore
 
 RESULT_WAIT_S = 30.0  # fetching a finished job's value; longer means the worker holding it died meanwhile
@@ -85,13 +85,13 @@ def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, replicas, engines
         min_replicas=1 if len(replicas) >= len(cfg.agents) else 0, lanes=cfg.cluster.threads_per_worker,
     ) if cfg.rollout.load_balance else None
     return Scheduler(policy=policy, graph=cfg.graph.expanded, agents=shapes,
-                     queries_per_step=cfg.train.queries_per_step, group_size=cfg.train.group_size,
+                     queries_per_step=cfg.run.queries_per_step, group_size=cfg.run.group_size,
                      replicas=replicas, engines=engines, slots=slots, location=location,
                      versions=versions, balancer=balancer, train=train, snapshot_every=snapshot_every)
 
 
 class PipelineRunner:
-    """Runs ``cfg.train.steps`` updates of every agent under ``policy``.
+    """Runs ``cfg.run.steps`` updates of every agent under ``policy``.
 
     Args:
         client: Dask client of the cluster that holds the engines.
@@ -107,12 +107,12 @@ class PipelineRunner:
         model_dirs: per agent, its model directory (to rebuild a trainer on another slot).
         state_uri: a directory or fsspec URI where training states are parked when they move between workers.
         versions: per agent, the starting policy version.
-        tasks: the task stream.
+        problems: the problem stream (the run's data, in the order it serves it).
         on_event: called in the loop's thread with what happens as it happens (``records.PipelineEvent``: steps
             opened, micro-batches committed, updates recorded, weights synced, replicas and states moved,
             recoveries, and the agent whose job is about to fail the run).
         train: False samples and commits the steps' episodes without training (the rollout benchmark).
-        snapshot_root: where each agent's training state is written every ``train.snapshot_every`` updates (a
+        snapshot_root: where each agent's training state is written every ``run.snapshot_every`` updates (a
             directory or URI under ``training.state_uri``); None writes none, and then a lost trainer past
             version 0 cannot be rebuilt.
         on_submit: called with (kind, agent, worker) after each job is submitted (fault injection in tests
@@ -123,7 +123,7 @@ class PipelineRunner:
         self, *, client: Client, cfg: RunConfig, policy: SchedulePolicy, store: ExperienceStore, run_key: str,
         tokenizers: dict, engines: dict[str, list[str]], replicas: list[tuple[str, str]],
         trainers: dict[str, str], slots: list[str], model_dirs: dict[str, str], state_uri: str | Path,
-        versions: dict[str, int], tasks: TaskStream, on_event: Callable[[PipelineEvent], None] | None = None,
+        versions: dict[str, int], problems: ProblemStream, on_event: Callable[[PipelineEvent], None] | None = None,
         train: bool = True, snapshot_root: str | None = None, on_submit: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.client, self.cfg, self.store = client, cfg, store
@@ -132,9 +132,9 @@ class PipelineRunner:
         self.state_uri = str(state_uri).rstrip("/")
         self.sched = build_scheduler(cfg, policy, replicas=replicas, engines=engines, slots=slots,
                                      location=trainers, versions=versions, train=train,
-                                     snapshot_every=cfg.train.snapshot_every if snapshot_root is not None else 0)
+                                     snapshot_every=cfg.run.snapshot_every if snapshot_root is not None else 0)
         self.graph = EpisodeGraph(cfg, tokenizers)
-        self.collector = Collector(cfg, store, self.graph, tasks)
+        self.collector = Collector(cfg, store, self.graph, problems)
         self.trainer_cfg = {a: cfg.trainer_config(a) for a in cfg.agents}
         self.states = replay.StateSources(snapshot_root, {a: replay.StateSource(  # version set where needed
             self.key(a), model_dirs[a], self.trainer_cfg[a], cfg.agents[a].sampling.temperature,
@@ -174,7 +174,7 @@ class PipelineRunner:
         self.t0 = self.last_progress = time.time()
         self.collector.open(self.sched.next_step)
         self.supervisor = Supervisor(self.client, self.cfg, self.sched.recovery)
-        sched, target = self.sched, self.cfg.train.steps
+        sched, target = self.sched, self.cfg.run.steps
         while True:
             if self.stop_requested.is_set():
                 self.client.cancel(list(self.job_of))
@@ -182,7 +182,8 @@ class PipelineRunner:
             self._carry_out(self.collector.gate.released())  # here only: what they free is dispatched below
             while (step := sched.admissible()) is not None:
                 self.collector.open_step(sched, step)
-                self._notify(StepOpened(step, tuple(a for a, v in self.versions.items() if self.sched.train and v <= step)))
+                trains = tuple(a for a, v in self.versions.items() if self.sched.train and v <= step)
+                self._notify(StepOpened(step, trains))
                 self._carry_out()
             sched.dispatch(time.time() - self.t0)
             self._carry_out()
@@ -342,7 +343,7 @@ class PipelineRunner:
         if isinstance(job, Generate):
             requests = [GenerationRequest(r.sample_id, self.graph.prompt(self.collector.episode(r), r.node),
                                           sampling.max_new_tokens, sampling.temperature,
-                                          request_seed(self.cfg.train.seed, r.sample_id)) for r in job.requests]
+                                          request_seed(self.cfg.run.seed, r.sample_id)) for r in job.requests]
             self.prompts[id(job)] = [r.prompt_ids for r in requests]
             return replica_fns.generate, (key, requests)
         if isinstance(job, Train):
@@ -389,7 +390,8 @@ class PipelineRunner:
         if isinstance(job, Park):
             self.parks[job.agent] = fut
         rollout = self.cfg.rollout
-        self.deadlines[fut] = time.time() + (rollout.sync_timeout_s if isinstance(job, Sync) else rollout.request_timeout_s)
+        bound = rollout.sync_timeout_s if isinstance(job, Sync) else rollout.request_timeout_s
+        self.deadlines[fut] = time.time() + bound
         fut.add_done_callback(self.finished.put)
         if self.on_submit is not None:
             self.on_submit(job.kind.label, job.agent, job.worker)
@@ -454,12 +456,12 @@ class PipelineRunner:
             )
         now = time.time() - self.t0
         event = UpdateEvent(agent, step, result.policy_version, len(result.consumed_ids), result.num_tokens,
-                            mean_reward, metrics, now, result.skipped, staleness, len(self.sched.rollout.waiting[agent]),
-                            max(now - self.driver_wait_s, 0.0))
+                            mean_reward, metrics, now, result.skipped, staleness,
+                            len(self.sched.rollout.waiting[agent]), max(now - self.driver_wait_s, 0.0))
         self.updates.append(event)
         self.sched.updated(agent, step, result.policy_version)
         if self.snapshot_root is not None:  # keep the newest scheduled state before this version, and later ones
-            every = self.cfg.train.snapshot_every
+            every = self.cfg.run.snapshot_every
             snapshots.prune_snapshots(self.snapshot_root, agent, (result.policy_version - 1) // every * every,
                                       self.cfg.training.state_storage_options)
         self._notify(event)

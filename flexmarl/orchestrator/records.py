@@ -102,7 +102,8 @@ class Recovery:
 
 
 # What the pipeline tells its caller as it runs (``PipelineRunner(on_event=...)``), in the loop's thread.
-PipelineEvent = StepOpened | MicroBatchCommitted | WeightSynced | AgentFailed | UpdateEvent | StateMove | Recovery | Move
+PipelineEvent = (StepOpened | MicroBatchCommitted | WeightSynced | AgentFailed | UpdateEvent | StateMove | Recovery
+                 | Move)
 
 
 @dataclass

@@ -21,7 +21,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from flexmarl.orchestrator.commands import ON_TRAINER, CatchUp, Cancel, InFlight, Job, JobKind, Restore, StartReplica, Sync
+from flexmarl.orchestrator.commands import (
+    ON_TRAINER, CatchUp, Cancel, InFlight, Job, JobKind, Restore, StartReplica, Sync,
+)
 from flexmarl.orchestrator.records import Recovery
 from flexmarl.orchestrator.rollout_queues import RolloutQueues
 from flexmarl.orchestrator.training_bindings import TrainingBindings

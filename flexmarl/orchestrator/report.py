@@ -51,7 +51,7 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
         "run_id": ctx.run_id,
         # episodes whose reward function raised: recorded, not trained on, and the run went on
         "episodes_failed": int(pc.sum(pc.equal(outcomes, "failed")).as_py() or 0),
-        "mode": cfg.train.mode,
+        "mode": cfg.run.mode,
         "wall_s": wall_s,
         "pipeline_s": result.wall_s,
         "utilization": result.utilization(),

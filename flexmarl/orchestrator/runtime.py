@@ -29,7 +29,7 @@ from flexmarl.orchestrator.records import PipelineEvent, PipelineResult
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_replicas
 from flexmarl.rollout import replica
 from flexmarl.training import replay, slot, snapshots
-from flexmarl.workloads.datasets import task_stream
+from flexmarl.workloads.datasets import problem_stream
 from flexmarl.run.layout import CHECKPOINTS_DIR, CONFIG_FILE, STATE_DIR
 from flexmarl.run.plan import attempts
 from storage.store import ExperienceStore
@@ -59,12 +59,12 @@ def training_slots(slots: int | None, train_workers: list[str]) -> list[str]:
 
 def schedule_policy(cfg: RunConfig) -> SchedulePolicy:
     return SchedulePolicy(
-        mode=cfg.train.mode,
-        steps=cfg.train.steps,
-        pipeline=cfg.train.pipeline,
+        mode=cfg.run.mode,
+        steps=cfg.run.steps,
+        pipeline=cfg.run.pipeline,
         micro_batch_generation=cfg.rollout.micro_batch_generation,
         max_staleness={
-            a: spec.max_staleness if spec.max_staleness is not None else cfg.train.max_staleness
+            a: spec.max_staleness if spec.max_staleness is not None else cfg.run.max_staleness
             for a, spec in cfg.agents.items()
         },
     )
@@ -102,7 +102,7 @@ class Runtime:
         self.cfg = cfg or load_config(Path(ctx.run_dir) / CONFIG_FILE)
         self.store = ExperienceStore.from_config(ctx.store_uri, self.cfg.store)
         self.client: Client = connect(ctx.address, timeout_s=self.cfg.cluster.connect_timeout_s)
-        self.model_dirs = {a: str(resolve_model(s.model, seed=self.cfg.train.seed)) for a, s in self.cfg.agents.items()}
+        self.model_dirs = {a: str(resolve_model(s.model, seed=self.cfg.run.seed)) for a, s in self.cfg.agents.items()}
         if placement is None:
             placement = self._deal()
         self.trainers, self.slots = dict(placement.trainers), list(placement.slots)
@@ -110,7 +110,7 @@ class Runtime:
         self.versions = dict(placement.versions)
         self.timeout_s = self.cfg.rollout.request_timeout_s
         self.state_uri = (self.cfg.training.state_uri or str(Path(ctx.run_dir) / STATE_DIR)).rstrip("/")
-        self.snapshot_root = f"{self.state_uri}/{snapshots.SNAPSHOTS}" if self.cfg.train.save_state else None
+        self.snapshot_root = f"{self.state_uri}/{snapshots.SNAPSHOTS}" if self.cfg.run.save_state else None
 
     def _deal(self) -> Placement:
         cluster = self.cfg.cluster
@@ -120,7 +120,7 @@ class Runtime:
         # is fine; a slot swaps states on and off its device). Rollout replicas are dealt round-robin too; with
         # load balancing every rollout worker holds an engine of every agent so that replicas can move.
         slots = training_slots(self.cfg.training.slots, train_workers)
-        replicas = deal_replicas(list(self.cfg.agents), rollout_workers, self.cfg.rollout.slots_per_worker)
+        replicas = deal_replicas(list(self.cfg.agents), rollout_workers, self.cfg.rollout.replicas_per_worker)
         engines = {
             a: list(rollout_workers) if self.cfg.rollout.load_balance
             else sorted({w for w, agent in replicas if agent == a})
@@ -192,7 +192,7 @@ class Runtime:
         if problem is not None:
             base = snapshots.newest_whole_snapshot(root, agent, version, options)
             n = version - base
-            skipped = version - version % self.cfg.train.snapshot_every == base  # by train.snapshot_every: expected
+            skipped = version - version % self.cfg.run.snapshot_every == base  # by run.snapshot_every: expected
             (log.info if skipped else log.warning)(
                 "the snapshot of agent %r at v%d %s: rebuilding it from %s by replaying the %d update%s the store "
                 "recorded since", agent, version, problem, f"its snapshot of v{base}" if base else "its model (v0)",
@@ -226,7 +226,7 @@ class Runtime:
             run_key=self.ctx.run_id, tokenizers={a: load_tokenizer(Path(d)) for a, d in self.model_dirs.items()},
             engines=self.engines, replicas=self.replicas, trainers=self.trainers, slots=self.slots,
             model_dirs=self.model_dirs, state_uri=self.state_uri, versions=self.versions,
-            tasks=task_stream(self.cfg.data), on_event=on_event, train=train,
+            problems=problem_stream(self.cfg.data), on_event=on_event, train=train,
             snapshot_root=self.snapshot_root if train else None, on_submit=on_submit,
         )
         if stop_requested is not None:

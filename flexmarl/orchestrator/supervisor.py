@@ -85,7 +85,7 @@ class Supervisor:
             acted |= self.recovery.rebuild(
                 self._offering(info, self.cfg.cluster.rollout_resource),
                 self._offering(info, self.cfg.cluster.train_resource),
-                slot_limit=self.cfg.training.slots, replicas_per_worker=self.cfg.rollout.slots_per_worker)
+                slot_limit=self.cfg.training.slots, replicas_per_worker=self.cfg.rollout.replicas_per_worker)
         self.recovery.check_recovered(time.time())
         self._check_waiting(now)
         return acted

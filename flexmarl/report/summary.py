@@ -60,7 +60,7 @@ def render_summary(
     if report:
         lines += [
             f"- mode `{report['mode']}`, {report['workers']} workers, {len(cfg.agents)} agents, "
-            f"{cfg.train.steps} steps of {cfg.train.queries_per_step} queries x {cfg.train.group_size}",
+            f"{cfg.run.steps} steps of {cfg.run.queries_per_step} queries x {cfg.run.group_size}",
             f"- wall time {report['wall_s']:.1f} s (pipeline {report['pipeline_s']:.1f} s)",
             f"- worker utilisation {report['utilization']:.0%}, {report['tokens_per_s']:.0f} tokens/s generated; "
             f"driver busy {report.get('driver_busy_share', 0.0):.0%} of the pipeline's time"

@@ -48,7 +48,8 @@ def draw_queues(result: PipelineResult, path: Path, *, title: str) -> Path:
         ax.axvline(move.at, color=colours.get(move.target, "grey"), linestyle="--", linewidth=0.8)
     ax.set_xlabel("seconds")
     ax.set_ylabel("waiting requests")
-    ax.set_title(f"{title}: {len(result.moves)} slot moves (dashed, in the colour of the agent that gained)", loc="left")
+    ax.set_title(f"{title}: {len(result.moves)} replica moves (dashed, in the colour of the agent that gained)",
+                 loc="left")
     ax.legend(fontsize="small", frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

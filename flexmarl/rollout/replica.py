@@ -54,7 +54,8 @@ def open_backend(
 
 
 def start_replica(
-    key: EngineKey, model_dir: str, version: int, rollout: RolloutConfig | None = None, adapter: AdapterConfig | None = None
+    key: EngineKey, model_dir: str, version: int, rollout: RolloutConfig | None = None,
+    adapter: AdapterConfig | None = None,
 ) -> str:
     """Load the model on this worker (once), with the backend of ``rollout`` (default: hf); returns the address."""
     registry = engines()
@@ -92,7 +93,8 @@ def read_weights(uri: str, storage_options: dict | None = None) -> dict[str, tor
 
 
 def restart_replica(
-    key: EngineKey, model_dir: str, version: int, rollout: RolloutConfig, weights_uri: str | None, storage_options: dict,
+    key: EngineKey, model_dir: str, version: int, rollout: RolloutConfig, weights_uri: str | None,
+    storage_options: dict,
     adapter: AdapterConfig | None = None,
 ) -> str:
     """Build ``key``'s replica afresh on this worker (replacing any) at ``version``: the weights of

@@ -29,8 +29,9 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
     Rewards listed in ``BALANCED_BY`` (the verifier's ``verdict_balanced``) are then reweighted within each
     group so that every class of sample weighs the same (``rewards.class_balanced``).
 
-    A reward function that raises marks its episode failed (``episode.error``); a failed episode's samples keep no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped
-    have no output, so they get no reward and join no group: a group holds only the samples that exist.
+    A reward function that raises marks its episode failed (``episode.error``); a failed episode's samples keep
+    no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped have no output,
+    so they get no reward and join no group: a group holds only the samples that exist.
     """
     graph = spec.graph.expanded
     classes: dict[int, object] = {}  # id(output) -> its class, for the rewards balanced within a group
@@ -41,7 +42,8 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
         for node, out in ep.outputs.items():
             reward_name = spec.agents[out.agent].reward
             try:
-                x = RewardInput(node, out.parsed, ep.task, parsed, [p for p in graph.parents(node) if p in ep.outputs],
+                ran = [p for p in graph.parents(node) if p in ep.outputs]
+                x = RewardInput(node, out.parsed, ep.problem, parsed, ran,
                                 final)
                 rewards[node] = float(REWARDS[reward_name](x))
                 if reward_name in BALANCED_BY:
@@ -59,7 +61,7 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
     for ep in episodes:
         if ep.error is None:
             for node, out in ep.outputs.items():
-                groups[(ep.task.input_id, node)].append(out)
+                groups[(ep.problem.input_id, node)].append(out)
     for outs in groups.values():
         if id(outs[0]) in classes:
             for out, r in zip(outs, class_balanced([o.reward for o in outs], [classes[id(o)] for o in outs]),
@@ -133,7 +135,7 @@ def sample_rows(episodes: list[Episode], agent: str) -> pa.Table:
             rows.append({
                 "sample_id": out.sample_id,
                 "episode_id": ep.episode_id,
-                "input_id": ep.task.input_id,
+                "input_id": ep.problem.input_id,
                 "turn": out.turn,
                 "trajectory_id": ep.trajectory_id,
                 "node": out.node,
@@ -169,10 +171,10 @@ def episode_rows(episodes: list[Episode]) -> pa.Table:
     rows = [
         {
             "episode_id": ep.episode_id,
-            "input_id": ep.task.input_id,
+            "input_id": ep.problem.input_id,
             "trajectory_id": ep.trajectory_id,
             "step": ep.step,
-            "task": ep.task.to_json(),
+            "task": ep.problem.to_json(),
             "node_status": [(node, "done") for node in ep.outputs]
             + [(node, "skipped") for node in sorted(ep.skipped)],  # skipped: a loop stopped early
             "rewards": [(node, out.reward) for node, out in ep.outputs.items() if out.reward is not None],

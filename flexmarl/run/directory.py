@@ -112,6 +112,6 @@ class RunDirectory:
             return load_tokenizer(ckpts[max(ckpts)])
         model = self.config.agents[agent].model
         try:
-            return load_tokenizer(resolve_model(model, seed=self.config.train.seed))
+            return load_tokenizer(resolve_model(model, seed=self.config.run.seed))
         except ModelError as exc:
             raise RunDirectoryError(f"no tokenizer for agent {agent!r}: no checkpoint was saved, and {exc}") from None

@@ -62,7 +62,7 @@ def export_agent(
     if not ckpts:
         raise RunDirectoryError(
             f"agent {agent!r} has no checkpoint under {run.path / CHECKPOINTS_DIR / agent}: the run saves one at "
-            "its end (train.save_checkpoints); was it interrupted?"
+            "its end (run.save_checkpoints); was it interrupted?"
         )
     version = max(ckpts) if version is None else version
     if version not in ckpts:

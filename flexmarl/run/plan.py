@@ -42,8 +42,8 @@ from flexmarl.run_start import check_resumable, never_committed
 from flexmarl.tracking.tracker import check_tracking
 
 # What a resumed run may change: where and how patiently it runs, and how far. The rest made its samples.
-RESUMABLE = ("cluster.", "rollout.request_timeout_s", "rollout.sync_timeout_s", "train.steps",
-             "train.save_checkpoints")
+RESUMABLE = ("cluster.", "rollout.request_timeout_s", "rollout.sync_timeout_s", "run.steps",
+             "run.save_checkpoints")
 
 
 class RunDirError(RuntimeError):

@@ -4,7 +4,7 @@
 backend's prefill and decode steps at a few batch sizes, a trainer's micro-batch and optimizer step, a weight
 sync, and writing and reading the training state (what a move between slots does). ``calibrated_preset``
 turns these into a simulator preset of the benchmark's workload (``fan_out``: planner -> 3 solvers ->
-aggregator), with its cluster (two workers that each roll out and train, one task at a time) and the
+aggregator), with its cluster (two workers that each roll out and train, one job at a time) and the
 response lengths the models produce. ``calibrate_fan_out`` simulates the benchmark's modes on it and, given
 a ``bench.json``, compares the predicted wall times with the measured ones.
 """
@@ -151,14 +151,14 @@ def measure_lengths(
 
 def prompt_tokens_of(workload: str = "fan_out") -> dict[str, int]:
     """Per agent, the tokens of its rendered prompt with empty parent fields (the simulator adds the parents'
-    responses), for the first task of the workload's data."""
+    responses), for the first problem of the workload's data."""
     from flexmarl.config import load_config
     from flexmarl.models.loading import load_tokenizer, resolve_model
     from flexmarl.rollout.episodes import render_prompt
-    from flexmarl.workloads.datasets import load_tasks
+    from flexmarl.workloads.datasets import load_problems
 
     cfg = load_config(preset=workload)
-    task = load_tasks(cfg.data)[0]
+    problem = load_problems(cfg.data)[0]
     graph = cfg.graph.expanded
     out: dict[str, int] = {}
     for node in graph.order():
@@ -166,8 +166,8 @@ def prompt_tokens_of(workload: str = "fan_out") -> dict[str, int]:
         if agent in out:
             continue
         spec = cfg.agents[agent]
-        tok = load_tokenizer(resolve_model(spec.model, seed=cfg.train.seed))
-        fields = {**task.fields, **graph.render_fields(node, {})}
+        tok = load_tokenizer(resolve_model(spec.model, seed=cfg.run.seed))
+        fields = {**problem.fields, **graph.render_fields(node, {})}
         out[agent] = len(render_prompt(tok, spec.prompt, spec.system, fields))
     return out
 
@@ -185,7 +185,7 @@ def calibrated_preset(
         if spec.model in models:
             continue
         log(f"measuring {spec.model} ...")
-        m = measure_model(spec.model, seed=cfg.train.seed)
+        m = measure_model(spec.model, seed=cfg.run.seed)
         models[spec.model] = {
             "params_b": 0.001,
             "rollout_devices": 1,
@@ -203,7 +203,7 @@ def calibrated_preset(
             f"optimizer {m['optimizer_step_s'] * 1e3:.1f} ms, sync {m['weight_sync_s'] * 1e3:.1f} ms")
     agents = {}
     for agent, spec in cfg.agents.items():
-        lengths = measure_lengths(spec.model, spec.sampling.max_new_tokens, seed=cfg.train.seed)
+        lengths = measure_lengths(spec.model, spec.sampling.max_new_tokens, seed=cfg.run.seed)
         agents[agent] = {"model": spec.model, "prompt_tokens": prompts[agent],
                          "response": {"max": spec.sampling.max_new_tokens, "empirical": lengths}}
     move = min(m["_measured"]["move_gb_per_s"] for m in models.values())
@@ -213,7 +213,7 @@ def calibrated_preset(
     return {
         "name": f"calibrated-{workload}",
         "description": f"`flexmarl bench pipeline --workload {workload}` on this machine: {n_workers} Dask "
-                       "workers of one thread, each rolling out and training one task at a time; costs measured "
+                       "workers of one thread, each rolling out and training one job at a time; costs measured "
                        "by flexmarl.sim.calibrate.",
         "cluster": {
             "nodes": 1, "devices_per_node": n_workers, "device_memory_gb": 8, "swap_gb_per_s": None,
@@ -227,10 +227,10 @@ def calibrated_preset(
             "edges": [list(e) for e in cfg.graph.edges],
         },
         "workload": {
-            "steps": steps, "queries_per_step": cfg.train.queries_per_step, "group_size": cfg.train.group_size,
+            "steps": steps, "queries_per_step": cfg.run.queries_per_step, "group_size": cfg.run.group_size,
             "micro_batch_size": cfg.training.micro_batch_size, "max_batch_size": cfg.rollout.max_batch_size,
-            "slots_per_worker": cfg.rollout.slots_per_worker, "balance_threshold": cfg.rollout.balance_threshold,
-            "balance_cooldown_s": cfg.rollout.balance_cooldown_s, "batching": "static", "seed": cfg.train.seed,
+            "replicas_per_worker": cfg.rollout.replicas_per_worker, "balance_threshold": cfg.rollout.balance_threshold,
+            "balance_cooldown_s": cfg.rollout.balance_cooldown_s, "batching": "static", "seed": cfg.run.seed,
             "micro_batch_generation": cfg.rollout.micro_batch_generation,
         },
         "driver": {"task_overhead_s": TASK_OVERHEAD_S, "commit_s": COMMIT_S},

@@ -167,8 +167,8 @@ class WorkloadCost(Strict):
     """Samples per micro-batch (whole groups: the runtime's ``micro_batch_of``)."""
     max_batch_size: int = Field(ge=1)
     """Most requests one replica slot takes in one generation batch."""
-    slots_per_worker: int = Field(2, ge=1)
-    """Replica slots per rollout worker (``rollout.slots_per_worker``)."""
+    replicas_per_worker: int = Field(2, ge=1)
+    """Replica slots per rollout worker (``rollout.replicas_per_worker``)."""
     balance_threshold: float = Field(5.0, ge=0)
     """Disparity threshold of the inter-agent balancer (``rollout.balance_threshold``)."""
     balance_cooldown_s: float = Field(1.0, ge=0)

@@ -84,7 +84,7 @@ class Simulation:
         # ---- workers: rollout workers, and training slots (the same workers when colocated)
         self.workers: list[Worker] = []
         rollout_names = []
-        lanes = wl.slots_per_worker if wl.batching == "continuous" else 1
+        lanes = wl.replicas_per_worker if wl.batching == "continuous" else 1
         for i in range(layout.workers):
             w = Worker(f"{'worker' if layout.colocated else 'rollout'}-{i:04d}", layout.devices_per_worker,
                        "both" if layout.colocated else "rollout", lanes)
@@ -104,7 +104,7 @@ class Simulation:
 
         # ---- the scheduler, placed as the runtime places: replicas dealt round-robin, engines of every agent
         # everywhere when balancing, agents on the training slots round-robin (``place``)
-        replicas = deal_replicas(self.agents, rollout_names, wl.slots_per_worker)
+        replicas = deal_replicas(self.agents, rollout_names, wl.replicas_per_worker)
         engines = {a: list(rollout_names) if m.load_balance else sorted({w for w, x in replicas if x == a})
                    for a in self.agents}
         self.subreplicas = {  # data-parallel replicas of the agent's model on one rollout worker

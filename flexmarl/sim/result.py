@@ -13,9 +13,9 @@ from flexmarl.rollout.balancer import Move
 class SimMode:
     """A schedule to simulate: the same settings ``flexmarl bench pipeline`` overrides for its modes."""
 
-    mode: str  # train.mode: "sync" or "flexmarl"
-    pipeline: bool = True  # train.pipeline
-    max_staleness: int = 0  # train.max_staleness
+    mode: str  # run.mode: "sync" or "flexmarl"
+    pipeline: bool = True  # run.pipeline
+    max_staleness: int = 0  # run.max_staleness
     load_balance: bool = True  # rollout.load_balance
     micro_batch_generation: bool | None = None  # rollout.micro_batch_generation; None: the preset's
     baseline_layout: bool = False  # run on the preset's sync_layout (the MARTI-like colocated cluster)

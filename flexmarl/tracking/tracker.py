@@ -113,7 +113,7 @@ class RunTracker:
                     self._backends["mlflow"] = MlflowLogger(
                         uri, experiment=self.cfg.mlflow_experiment, run_name=self.run_name,
                         artifact_dir=None if self.cfg.mlflow_uri else self.run_dir / MLFLOW_ARTIFACTS,
-                        tags={"flexmarl.run_dir": str(self.run_dir.resolve()), "flexmarl.mode": self.config.train.mode},
+                        tags={"flexmarl.run_dir": str(self.run_dir.resolve()), "flexmarl.mode": self.config.run.mode},
                     )
                 except Exception as exc:  # MLflow raises many kinds (connection, SQL, its own)
                     raise TrackingError(f"MLflow cannot log to {uri!r}: {exc}; check tracking.mlflow_uri") from exc
@@ -136,7 +136,7 @@ class RunTracker:
     def log_report(self, report: dict) -> None:
         """Log the run-level numbers of the final report (``run/wall_s``, ``run/utilization``, ...)."""
         metrics = run_metrics(report)
-        self._each("log the run report", lambda b: b.log_metrics(metrics, step=self.config.train.steps))
+        self._each("log the run report", lambda b: b.log_metrics(metrics, step=self.config.run.steps))
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

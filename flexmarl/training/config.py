@@ -67,7 +67,7 @@ class TrainerConfig(Strict):
     more before the clip stops them. null: the same as ``clip_eps`` (the symmetric PPO clip)."""
     micro_batch_size: int = Field(4, ge=1)
     """Samples per forward/backward; gradients accumulate over the agent's global batch. Whole GRPO groups:
-    a multiple of ``train.group_size`` times the agent's nodes (validation names the value to use)."""
+    a multiple of ``run.group_size`` times the agent's nodes (validation names the value to use)."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Gradient clipping norm; null turns clipping off."""
     is_cap: float = Field(2.0, gt=0)

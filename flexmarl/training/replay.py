@@ -8,10 +8,10 @@ cuts the consumed samples into micro-batches of ``micro_batch_size``, as the pip
 a committed micro-batch was shorter the result differs by float rounding at most (gradients add up in
 float64, in any order).
 
-Used where an agent's state of a version is needed and its snapshot is missing (``train.snapshot_every`` > 1
+Used where an agent's state of a version is needed and its snapshot is missing (``run.snapshot_every`` > 1
 writes one every k versions only) or damaged: at resume, and when a lost trainer or replica is rebuilt
 mid-run (``ensure_snapshot``: replayed from the newest whole snapshot before it, or from the model directory
-at v0); and as the oracle of runs whose schedule of versions depends on timing (``train.max_staleness`` > 0):
+at v0); and as the oracle of runs whose schedule of versions depends on timing (``run.max_staleness`` > 0):
 their weights must equal the replay of their own store.
 
 Example:
@@ -73,7 +73,8 @@ def recorded_updates(store: ExperienceStore, agent: str, *, after: int, upto: in
     return updates
 
 
-def replay(trainer: AgentTrainer, store: ExperienceStore, updates: Sequence[RecordedUpdate], micro_batch_size: int) -> None:
+def replay(trainer: AgentTrainer, store: ExperienceStore, updates: Sequence[RecordedUpdate],
+           micro_batch_size: int) -> None:
     """Train ``trainer`` through ``updates`` (from its current version on), on the samples each consumed."""
     table = store.samples_table(trainer.agent)
     for update in updates:
@@ -141,7 +142,7 @@ class StateSources:
         """None at v0 (the model directory).
 
         Raises:
-            SnapshotError: the run writes no states (``train.save_state=false``) and ``version`` is past 0.
+            SnapshotError: the run writes no states (``run.save_state=false``) and ``version`` is past 0.
         """
         if version == 0:
             return None

@@ -1,6 +1,6 @@
 """Each agent's training state at its version boundaries: the cut a lost trainer or a resumed run restarts from.
 
-Every ``train.snapshot_every`` updates the pipeline writes the agent's whole training state
+Every ``run.snapshot_every`` updates the pipeline writes the agent's whole training state
 (``TrainingState.to(uri)``: weights, Adam moments, scheduler, version, RNG) to ``<root>/<agent>/v<N>``, as it
 was before the update is recorded in the store. Whatever version the store says an agent is at, its state of that
 version is here or is rebuilt from the one before it by replaying the store's updates (``replay.py``), and a
@@ -111,7 +111,7 @@ def require_snapshot(root: str | None, agent: str, version: int, storage_options
     """The snapshot to restart ``agent`` from at ``version``: None at version 0 (its model directory).
 
     Args:
-        root: the run's snapshot location; None when the run writes none (``train.save_state=false``).
+        root: the run's snapshot location; None when the run writes none (``run.save_state=false``).
 
     Raises:
         SnapshotError: the version is past 0 and its snapshot is missing.
@@ -121,13 +121,13 @@ def require_snapshot(root: str | None, agent: str, version: int, storage_options
     if root is None:
         raise SnapshotError(
             f"agent {agent!r} must restart at v{version}, but the run writes no training state "
-            "(train.save_state=false): only a run still at version 0 can recover; set train.save_state=true"
+            "(run.save_state=false): only a run still at version 0 can recover; set run.save_state=true"
         )
     uri = find_snapshot(root, agent, version, storage_options)
     if uri is None:
         raise SnapshotError(
             f"agent {agent!r} is at v{version} in the store, but {snapshot_uri(root, agent, version)} holds no "
-            "complete training state: the run had train.save_state=false or the state was removed, so the "
+            "complete training state: the run had run.save_state=false or the state was removed, so the "
             "agent cannot restart exactly from its last update"
         )
     return uri

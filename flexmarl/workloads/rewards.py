@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from flexmarl.workloads.datasets import TaskItem
+from flexmarl.workloads.datasets import Problem
 from flexmarl.workloads.parsers import canonical_number
 from flexmarl.workloads.sandbox import SandboxLimits, run_python
 
@@ -20,7 +20,7 @@ from flexmarl.workloads.sandbox import SandboxLimits, run_python
 class RewardInput:
     node: str
     parsed: str | None  # this node's parsed output; None when it did not parse
-    task: TaskItem
+    problem: Problem
     parsed_outputs: dict[str, str | None]  # every finished node of the episode -> its parsed output
     parents: list[str]  # this node's parents that ran (expanded names, e.g. solver_0 .. solver_3)
     final: tuple[str, ...] = ()  # the episode's final nodes: they ran and no node that ran reads them
@@ -31,13 +31,13 @@ def _is_correct(parsed: str | None, answer: str) -> bool:
 
 
 def correct_answer(x: RewardInput) -> float:
-    """1.0 when the node's final number equals the task's answer."""
-    return float(_is_correct(x.parsed, x.task.answer))
+    """1.0 when the node's final number equals the problem's answer."""
+    return float(_is_correct(x.parsed, x.problem.answer))
 
 
 def parent_correct(x: RewardInput) -> bool:
     """Whether the first parent's answer is right: the class a verdict on it is judged against."""
-    return bool(x.parents) and _is_correct(x.parsed_outputs.get(x.parents[0]), x.task.answer)
+    return bool(x.parents) and _is_correct(x.parsed_outputs.get(x.parents[0]), x.problem.answer)
 
 
 def verdict_matches(x: RewardInput) -> float:
@@ -75,7 +75,7 @@ def final_correct(x: RewardInput) -> float:
     """
     if not x.final:
         return 0.0
-    return sum(_is_correct(x.parsed_outputs.get(n), x.task.answer) for n in x.final) / len(x.final)
+    return sum(_is_correct(x.parsed_outputs.get(n), x.problem.answer) for n in x.final) / len(x.final)
 
 
 # --- copy_digits (workloads/synthetic.py) ---
@@ -84,8 +84,8 @@ def final_correct(x: RewardInput) -> float:
 
 
 def copies_question(x: RewardInput) -> float:
-    """1.0 when the node's first digit is the first digit of the task's answer."""
-    return float(x.parsed is not None and x.parsed == x.task.answer[:1])
+    """1.0 when the node's first digit is the first digit of the problem's answer."""
+    return float(x.parsed is not None and x.parsed == x.problem.answer[:1])
 
 
 def copies_parent(x: RewardInput) -> float:
@@ -96,24 +96,25 @@ def copies_parent(x: RewardInput) -> float:
     return float(target is not None and x.parsed == target)
 
 
-# --- code (HumanEval): the task's fields hold the stub (question) and entry_point, its answer the tests ---
+# --- code (HumanEval): the problem's fields hold the stub (question) and entry_point, its answer the tests ---
 
 CODE_LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=5, memory_mb=512)
 
 
-def solution_program(task: TaskItem, code: str) -> str:
+def solution_program(problem: Problem, code: str) -> str:
     """The stub (imports, signature, docstring) followed by the code: a whole function or the body."""
-    entry = re.escape(task.fields["entry_point"])
+    entry = re.escape(problem.fields["entry_point"])
     if re.search(rf"^\s*def\s+{entry}\s*\(", code, re.MULTILINE):
-        return f"{task.fields['question']}\n\n{code}\n"  # the new definition replaces the stub
-    return f"{task.fields['question']}{code}\n"  # an indented body continuing the stub
+        return f"{problem.fields['question']}\n\n{code}\n"  # the new definition replaces the stub
+    return f"{problem.fields['question']}{code}\n"  # an indented body continuing the stub
 
 
-def hidden_tests_pass(task: TaskItem, code: str | None) -> bool:
-    """Whether ``code`` passes the task's hidden tests (run in the sandbox)."""
+def hidden_tests_pass(problem: Problem, code: str | None) -> bool:
+    """Whether ``code`` passes the problem's hidden tests (run in the sandbox)."""
     if code is None:
         return False
-    return _runs_clean(f"{solution_program(task, code)}\n{task.answer}\n\ncheck({task.fields['entry_point']})\n")
+    check = f"check({problem.fields['entry_point']})"
+    return _runs_clean(f"{solution_program(problem, code)}\n{problem.answer}\n\n{check}\n")
 
 
 @lru_cache(maxsize=4096)  # the coder's and the tester's rewards run the same programs
@@ -122,8 +123,8 @@ def _runs_clean(program: str) -> bool:
 
 
 def passes_tests(x: RewardInput) -> float:
-    """1.0 when the node's code passes the task's hidden tests."""
-    return float(hidden_tests_pass(x.task, x.parsed))
+    """1.0 when the node's code passes the problem's hidden tests."""
+    return float(hidden_tests_pass(x.problem, x.parsed))
 
 
 def _parent_code(x: RewardInput) -> str | None:
@@ -139,16 +140,16 @@ def asserts_agree(x: RewardInput) -> float:
     solution; 0.5 when they are valid but judge the parent's code differently from the hidden tests;
     1.0 when they are valid and agree with the hidden tests.
     """
-    entry = x.task.fields["entry_point"]
+    entry = x.problem.fields["entry_point"]
     tests = x.parsed
     if tests is None or "assert" not in tests or entry not in tests:
         return 0.0
-    reference = f"{solution_program(x.task, x.task.meta['canonical_solution'])}\n{tests}\n"
+    reference = f"{solution_program(x.problem, x.problem.meta['canonical_solution'])}\n{tests}\n"
     if not _runs_clean(reference):
         return 0.0
     code = _parent_code(x)
-    tester_accepts = code is not None and _runs_clean(f"{solution_program(x.task, code)}\n{tests}\n")
-    return 1.0 if tester_accepts == hidden_tests_pass(x.task, code) else 0.5
+    tester_accepts = code is not None and _runs_clean(f"{solution_program(x.problem, code)}\n{tests}\n")
+    return 1.0 if tester_accepts == hidden_tests_pass(x.problem, code) else 0.5
 
 
 def code_verdict_matches(x: RewardInput) -> float:
@@ -156,4 +157,4 @@ def code_verdict_matches(x: RewardInput) -> float:
     parent's code passes the hidden tests."""
     if x.parsed is None:
         return 0.0
-    return float((x.parsed == "correct") == hidden_tests_pass(x.task, _parent_code(x)))
+    return float((x.parsed == "correct") == hidden_tests_pass(x.problem, _parent_code(x)))

@@ -1,4 +1,4 @@
-"""Synthetic tasks that a model trained from scratch can learn in minutes: the framework's CartPole.
+"""Synthetic problems that a model trained from scratch can learn in minutes: the framework's CartPole.
 
 ``copy_digits``: the question is a random digit string, the answer is that string. A random byte-level model
 already writes a digit now and then, so GRPO has signal from the first step, and a policy can only reach a
@@ -11,9 +11,9 @@ import random
 
 
 def copy_digits(size: int, seed: int, *, digits: int = 1, repeat: int = 1) -> list[tuple[str, str]]:
-    """``size`` tasks whose answer is a random string of ``digits`` digits and whose question is that string
+    """``size`` problems whose answer is a random string of ``digits`` digits and whose question is that string
     written ``repeat`` times (``"777"`` for ``7`` at ``repeat=3``), as (question, answer) pairs. Every block of
-    ten tasks starts with each digit once.
+    ten problems starts with each digit once.
 
     Repeating the input makes it a larger share of the prompt, so a freshly initialised model, whose attention
     is still spread evenly over the prompt, already carries it to the position that writes the answer.
@@ -21,13 +21,13 @@ def copy_digits(size: int, seed: int, *, digits: int = 1, repeat: int = 1) -> li
     if digits < 1 or repeat < 1:
         raise ValueError(f"copy_digits: digits and repeat must be at least 1, got {digits} and {repeat}")
     rng = random.Random(seed)
-    tasks: list[tuple[str, str]] = []
-    while len(tasks) < size:
-        # each block of ten tasks starts with each digit once: ten tasks ask every digit, so none is favoured
-        for first in rng.sample("0123456789", 10)[: size - len(tasks)]:
+    problems: list[tuple[str, str]] = []
+    while len(problems) < size:
+        # each block of ten problems starts with each digit once: ten problems ask every digit, so none is favoured
+        for first in rng.sample("0123456789", 10)[: size - len(problems)]:
             text = first + "".join(rng.choice("0123456789") for _ in range(digits - 1))
-            tasks.append((text * repeat, text))
-    return tasks
+            problems.append((text * repeat, text))
+    return problems
 
 
 GENERATORS = {"copy_digits": copy_digits}

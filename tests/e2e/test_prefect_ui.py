@@ -320,7 +320,7 @@ def test_the_link_flexmarl_train_prints_shows_the_run_while_it_trains_and_after(
     shots.mkdir()
     log = tmp_path / "train.log"
     train_args = ["train", "--preset", "tiny", "--run-dir", str(tmp_path / "run"),
-                  "--set", "train.steps=6", "--set", "train.queries_per_step=2"]
+                  "--set", "run.steps=6", "--set", "run.queries_per_step=2"]
     with log.open("wb") as out:
         train = subprocess.Popen([sys.executable, "-m", "flows.cli", *train_args], cwd=ROOT, env=prefect_env,
                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -13,7 +13,7 @@ from flexmarl.cluster.local import open_cluster
 from flexmarl.config import load_config
 from flexmarl.reference import reference_run
 
-SMALL = ["train.steps=2", "train.queries_per_step=4", "train.group_size=2", "training.micro_batch_size=4"]
+SMALL = ["run.steps=2", "run.queries_per_step=4", "run.group_size=2", "training.micro_batch_size=4"]
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -35,7 +35,7 @@ def test_the_pipelined_schedule_trains_the_weights_of_the_plain_synchronous_loop
 
 def test_the_reference_refuses_stale_samples() -> None:
     with pytest.raises(ValueError, match="on-policy"):
-        reference_run(load_config(preset="tiny", overrides=["train.max_staleness=1"]))
+        reference_run(load_config(preset="tiny", overrides=["run.max_staleness=1"]))
 
 
 @pytest.mark.cluster

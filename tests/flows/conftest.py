@@ -26,6 +26,6 @@ def tiny_run(prefect_api, tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     run_dir = tmp_path_factory.mktemp("tiny-run") / "run"
     state = train_run(
         preset="tiny", steps=2, run_dir=str(run_dir), return_state=True,
-        overrides=[f"train.queries_per_step={QUERIES}", "tracking.tensorboard=true", "tracking.mlflow=true"],
+        overrides=[f"run.queries_per_step={QUERIES}", "tracking.tensorboard=true", "tracking.mlflow=true"],
     )
     return TinyRun(run_dir, state.state_details.flow_run_id, state.result())

@@ -16,7 +16,7 @@ def test_learning_bench_tiny_writes_the_report_and_scores_reproducibly(prefect_a
     out = tmp_path / "bench"
     # 3 problems in batches of 2 on 2 workers: one scores a whole batch, the other a partial one
     plan = plan_learning(out, preset="tiny", steps=1, n_eval=3, eval_batch_size=2, gsm8k_n=2,
-                         overrides=["train.queries_per_step=2"])
+                         overrides=["run.queries_per_step=2"])
     logged: list[str] = []
     report = run_learning_bench(plan, out, train=train_with_flow, log=logged.append)
 
@@ -28,14 +28,14 @@ def test_learning_bench_tiny_writes_the_report_and_scores_reproducibly(prefect_a
     assert report["wall_s"] >= sum(report["timings_s"].values())
     assert set(report["verifier"]) == {"base", "trained"}
     assert (out / "learning.png").stat().st_size > 0
-    if plan.gsm8k_tasks:  # the GSM8K files are on this machine: two problems, solver only
+    if plan.gsm8k_problems:  # the GSM8K files are on this machine: two problems, solver only
         assert report["gsm8k"]["base"]["n"] == report["gsm8k"]["trained"]["n"] == 2
     assert report["model_dirs"]["trained"] == [str(out / "run" / "checkpoints" / a / "v1")
                                                for a in ("solver", "verifier")]
 
     # every answer is in eval_answers.jsonl, and the report's numbers follow from them
     rows = [json.loads(line) for line in (out / "eval_answers.jsonl").read_text().splitlines()]
-    assert [r["input_id"] for r in rows] == [t.input_id for t in plan.eval_tasks]
+    assert [r["input_id"] for r in rows] == [t.input_id for t in plan.eval_problems]
     for stage in ("base", "trained"):
         truths = [r[stage]["solver"]["reward"] == 1.0 for r in rows]
         assert report[f"{stage}_accuracy"] == pytest.approx(sum(truths) / 3)
@@ -45,5 +45,5 @@ def test_learning_bench_tiny_writes_the_report_and_scores_reproducibly(prefect_a
 
     # scoring the trained weights again, in one process, gives the very answers the two workers gave
     trained_solver = Path(report["model_dirs"]["trained"][0])
-    again = answer_node(plan.config, "solver", trained_solver, plan.eval_tasks, batch_size=2)
+    again = answer_node(plan.config, "solver", trained_solver, plan.eval_problems, batch_size=2)
     assert [a.response for a in again] == [r["trained"]["solver"]["response"] for r in rows]

@@ -42,7 +42,7 @@ def test_validate_accepts_a_good_config_and_rejects_a_cycle(tmp_path: Path) -> N
 
 def test_train_tiny_from_the_command_line_then_inspect_the_store(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    res = run(["train", "--preset", "tiny", "--run-dir", str(run_dir), "--set", "train.queries_per_step=2"], tmp_path)
+    res = run(["train", "--preset", "tiny", "--run-dir", str(run_dir), "--set", "run.queries_per_step=2"], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "solver v2 |" in res.stdout + res.stderr  # the per-update progress lines
     report = json.loads((run_dir / "report.json").read_text())
@@ -53,7 +53,8 @@ def test_train_tiny_from_the_command_line_then_inspect_the_store(tmp_path: Path)
     for agent, a in report["agents"].items():
         assert a["updates"] == 2
         assert info["agents"][agent]["rows"] == a["samples_generated"]
-        assert info["agents"][agent]["by_version"] == {"0": a["samples_generated"] // 2, "1": a["samples_generated"] // 2}
+        half = a["samples_generated"] // 2
+        assert info["agents"][agent]["by_version"] == {"0": half, "1": half}
         assert info["tables"][f"samples/{agent}"]["rows"] == a["samples_generated"]
 
     # the run's store holds every invariant (unique ids, contiguous versions, on-policy consumption, parents)

@@ -13,7 +13,7 @@ from flexmarl.workloads import registry
 from flows.train import train_run
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
-SMALL = ["train.queries_per_step=2", "train.group_size=2"]
+SMALL = ["run.queries_per_step=2", "run.group_size=2"]
 
 
 def test_the_examples_are_there() -> None:
@@ -65,7 +65,7 @@ def parity_verdict(text: str) -> str:
 def test_bounded_loop_stops_early_through_the_real_flow(prefect_api, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(registry.PARSERS, "parity_verdict", parity_verdict)
     path = next(p for p in EXAMPLES if p.stem == "bounded_loop")
-    overrides = ["train.queries_per_step=2", "train.group_size=4", "agents.verifier.parser=parity_verdict",
+    overrides = ["run.queries_per_step=2", "run.group_size=4", "agents.verifier.parser=parity_verdict",
                  "training.micro_batch_size=12"]  # whole groups: 4 samples x 3 turns
     run_dir = tmp_path / "run"
     train_run(config=str(path), steps=1, run_dir=str(run_dir), overrides=overrides)

@@ -69,7 +69,7 @@ def test_an_adapter_agent_trains_through_the_flow_and_exports_as_a_peft_adapter_
     run_dir = tmp_path / "run"
     # the solver trains a LoRA adapter, the verifier (the same tiny model) all its weights, side by side
     train_run(preset="tiny", steps=2, run_dir=str(run_dir),
-              overrides=["train.queries_per_step=4", "agents.solver.adapter={r: 4, alpha: 8}"])
+              overrides=["run.queries_per_step=4", "agents.solver.adapter={r: 4, alpha: 8}"])
     checkpoint = run_dir / "checkpoints" / "solver" / "v2"
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in checkpoint.iterdir()}
     assert (run_dir / "checkpoints" / "verifier" / "v2" / "model.safetensors").exists()

@@ -39,8 +39,8 @@ def test_the_form_refuses_a_wrong_type_and_its_values_reach_the_config() -> None
         train_run.validate_parameters({"preset": "huge"})
     train_run.validate_parameters({"preset": "fan_out", "lr": 1e-5, "mode": "sync"})
     extra = run_overrides(["training.clip_eps=0.1"], "tcp://h:8786", lr=1e-5, mode="sync", steps=None)
-    assert extra == ["training.clip_eps=0.1", "training.lr=1e-05", "train.mode=sync", "cluster.address=tcp://h:8786"]
+    assert extra == ["training.clip_eps=0.1", "training.lr=1e-05", "run.mode=sync", "cluster.address=tcp://h:8786"]
     cfg = load_config(preset="tiny", overrides=extra)
-    assert (cfg.training.lr, cfg.train.mode, cfg.training.clip_eps) == (1e-5, "sync", 0.1)
+    assert (cfg.training.lr, cfg.run.mode, cfg.training.clip_eps) == (1e-5, "sync", 0.1)
     with pytest.raises(TypeError, match="not run-form settings"):
         run_overrides(None, learning_rate=1.0)

@@ -36,4 +36,5 @@ def test_an_api_that_stopped_answering_is_named_and_other_errors_are_left_alone(
     line = explain_failure(ConnectionError("[Errno 111] Connection refused"), gone, tmp_path)
     assert line.startswith(f"the run stopped: the Prefect API at {gone} stopped answering (ConnectionError: ")
     assert f"`flexmarl train --resume {tmp_path}`" in line
-    assert explain_failure(KeyError("a bug"), PREFECT_API_URL.value(), tmp_path) is None  # a live API: a real error, raised
+    # a live API: a real error, raised
+    assert explain_failure(KeyError("a bug"), PREFECT_API_URL.value(), tmp_path) is None

@@ -17,7 +17,7 @@ def test_the_flow_trains_with_its_tasks_in_other_processes(prefect_api, tmp_path
     steps = 2
     runner = ProcessPoolTaskRunner(max_workers=2)
     state = train_run.with_options(task_runner=runner)(
-        preset="tiny", steps=steps, run_dir=str(tmp_path / "run"), overrides=["train.queries_per_step=2"],
+        preset="tiny", steps=steps, run_dir=str(tmp_path / "run"), overrides=["run.queries_per_step=2"],
         return_state=True,
     )
     report = state.result()

@@ -22,7 +22,7 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
     run_dir = tmp_path / "run"
     report = train_run(
         preset="tiny", steps=STEPS, run_dir=str(run_dir),
-        overrides=[f"train.queries_per_step={QUERIES}", f"train.group_size={GROUP}"],
+        overrides=[f"run.queries_per_step={QUERIES}", f"run.group_size={GROUP}"],
     )
     assert set(report["agents"]) == {"solver", "verifier"}
     assert report["mode"] == "flexmarl" and 0 < report["utilization"] <= 1
@@ -69,7 +69,7 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
 
     # and they are not the weights it started from: the tiny solver rarely earns a reward, the verifier does
     cfg = load_config(run_dir / "config.yaml")
-    initial = load_model(resolve_model(cfg.agents["verifier"].model, seed=cfg.train.seed)).state_dict()
+    initial = load_model(resolve_model(cfg.agents["verifier"].model, seed=cfg.run.seed)).state_dict()
     assert any(not torch.equal(v, initial[k]) for k, v in trained["verifier"].items())
 
     episodes = DeltaTable(str(run_dir / "store" / "episodes")).to_pyarrow_table()

@@ -27,7 +27,7 @@ def test_a_vllm_run_trains_through_the_flow_with_workers_of_the_vllm_environment
         preset="tiny", steps=2, backend="vllm", run_dir=str(tmp_path / "run"), return_state=True,
         overrides=[f"cluster.worker_python={VLLM_PYTHON}", "agents.solver.model=tiny-large",
                    "agents.verifier.model=tiny-large", "rollout.vllm={kv_cache_gb: 0.25, max_model_len: 512}",
-                   "train.queries_per_step=2"],
+                   "run.queries_per_step=2"],
     )
     report = state.result()
     assert state.is_completed()

@@ -26,7 +26,7 @@ from storage.verify import verify_store
 STEPS = 2
 # Heartbeats can lag for seconds while a fresh worker imports torch on a loaded machine: only the test of
 # heartbeat detection shortens it.
-SETTINGS = [f"train.steps={STEPS}", "cluster.heartbeat_timeout_s=120", "rollout.request_timeout_s=60"]
+SETTINGS = [f"run.steps={STEPS}", "cluster.heartbeat_timeout_s=120", "rollout.request_timeout_s=60"]
 
 
 def tiny(*extra: str) -> RunConfig:
@@ -70,7 +70,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, t
 def final_weights(run_dir: Path, cfg: RunConfig) -> dict[str, dict[str, torch.Tensor]]:
     """The final weights as the run wrote them: each agent's training-state snapshot of its last version."""
     root = str(run_dir / "state" / SNAPSHOTS)
-    return {a: load_weights(snapshot_uri(root, a, cfg.train.steps)) for a in cfg.agents}
+    return {a: load_weights(snapshot_uri(root, a, cfg.run.steps)) for a in cfg.agents}
 
 
 @pytest.fixture(scope="package")
@@ -91,8 +91,8 @@ def check_exact(run_dir: Path, cfg: RunConfig, weights: dict, reference: dict) -
     store = ExperienceStore(run_dir / "store")
     assert verify_store(store) == []
     coverage = training_coverage(store, cfg)
-    assert coverage.steps == cfg.train.steps and coverage.exact, coverage
+    assert coverage.steps == cfg.run.steps and coverage.exact, coverage
     assert max_weight_diff(reference, weights) <= WEIGHT_TOLERANCE
     # the tiny solver never answers right (no reward signal), but the verifier's weights must have moved
-    initial = load_model(resolve_model(cfg.agents["verifier"].model, seed=cfg.train.seed)).state_dict()
+    initial = load_model(resolve_model(cfg.agents["verifier"].model, seed=cfg.run.seed)).state_dict()
     assert max(float((weights["verifier"][k] - initial[k]).abs().max()) for k in initial) > 1e-4

@@ -23,7 +23,7 @@ def test_bench_chaos_kills_the_driver_resumes_and_reports_an_exact_run(tmp_path:
     assert schedule(1, seed=0) == ["driver_kill"]  # the fault this test exercises
     res = subprocess.run(
         [sys.executable, "-m", "flows.cli", "bench", "chaos", "--out", str(out), "--faults", "1", "--seed", "0",
-         "--set", "train.steps=2"],
+         "--set", "run.steps=2"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

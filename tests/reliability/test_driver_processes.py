@@ -79,7 +79,7 @@ def test_the_server_and_the_cluster_end_with_the_driver(sig: signal.Signals, tmp
     log = tmp_path / "driver.log"
     with log.open("w") as out:
         driver = subprocess.Popen(
-            [*FLEXMARL, "train", "--preset", "tiny", "--run-dir", str(tmp_path / "run"), "--set", "train.steps=50"],
+            [*FLEXMARL, "train", "--preset", "tiny", "--run-dir", str(tmp_path / "run"), "--set", "run.steps=50"],
             cwd=ROOT, env=cli_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
     procs = wait_for_cluster(driver, log)
     try:
@@ -119,7 +119,7 @@ def test_the_prefect_server_killed_mid_run_stops_it_with_one_line_and_it_resumes
     log, run_dir = tmp_path / "driver.log", tmp_path / "run"
     with log.open("w") as out:
         driver = subprocess.Popen(
-            [*FLEXMARL, "train", "--preset", "tiny", "--run-dir", str(run_dir), "--set", "train.steps=12"],
+            [*FLEXMARL, "train", "--preset", "tiny", "--run-dir", str(run_dir), "--set", "run.steps=12"],
             cwd=ROOT, env=cli_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
     procs = wait_for_cluster(driver, log)
     try:

@@ -45,9 +45,9 @@ def replayed_weights(run_dir: Path, cfg: RunConfig) -> dict:
     weights = {}
     for agent, spec in cfg.agents.items():
         config = cfg.trainer_config(agent)
-        trainer = AgentTrainer(agent, str(resolve_model(spec.model, seed=cfg.train.seed)), config,
+        trainer = AgentTrainer(agent, str(resolve_model(spec.model, seed=cfg.run.seed)), config,
                                temperature=spec.sampling.temperature, max_new_tokens=spec.sampling.max_new_tokens)
-        replay(trainer, store, recorded_updates(store, agent, after=0, upto=cfg.train.steps), config.micro_batch_size)
+        replay(trainer, store, recorded_updates(store, agent, after=0, upto=cfg.run.steps), config.micro_batch_size)
         weights[agent] = trainer.weights()
         trainer.close()
     return weights
@@ -87,7 +87,7 @@ def test_three_faults_two_workers_then_the_driver_killed_resume_exactly(
     # worker faults fired
     kill_driver(cfg, run_dir, address, 5, faults=[("generate", 2), ("train", 2)], fired_log=fired)
     assert len(fired.read_text().splitlines()) == 2
-    assert ExperienceStore(run_dir / "store").policy_version("verifier") < cfg.train.steps  # it died mid-run
+    assert ExperienceStore(run_dir / "store").policy_version("verifier") < cfg.run.steps  # it died mid-run
     with connect(address, timeout_s=RESTART_WAIT_S, n_workers=2):
         pass  # the nannies restarted the two workers the driver killed
     result, weights = resume(run_dir, address)
@@ -101,12 +101,12 @@ def test_a_run_with_stale_samples_resumes_to_the_replay_of_its_own_store(
     """With ``max_staleness`` 1 the versions that generate each sample depend on timing, so an uninterrupted
     run is no oracle. What must hold: the resumed run trains each planned prompt once per step, stays within
     the bound, and its weights are those of training on exactly what its store recorded, in that order."""
-    cfg = tiny_config("train.max_staleness=1", "train.steps=3")
+    cfg = tiny_config("run.max_staleness=1", "run.steps=3")
     run_dir = tmp_path / "run"
     store = ExperienceStore(run_dir / "store")
     # 12 commits make the run; it dies once every agent trained a step (rollout runs ahead: commits alone say little)
     kill_driver(cfg, run_dir, address, 7, also=lambda: all_updated(store, cfg, 1))
-    assert min(store.policy_version(a) for a in cfg.agents) < cfg.train.steps  # it died mid-run
+    assert min(store.policy_version(a) for a in cfg.agents) < cfg.run.steps  # it died mid-run
     result, weights = resume(run_dir, address)
     assert result.samples_reused > 0
     assert verify_store(store, max_staleness=1) == []
@@ -114,7 +114,7 @@ def test_a_run_with_stale_samples_resumes_to_the_replay_of_its_own_store(
                             capture_output=True, text=True, timeout=300)  # the bound comes from the run's config
     assert verify.returncode == 0, verify.stdout + verify.stderr
     coverage = training_coverage(store, cfg)
-    assert coverage.steps == cfg.train.steps and coverage.exact, coverage
+    assert coverage.steps == cfg.run.steps and coverage.exact, coverage
     for agent in cfg.agents:
         rows = store.read_samples(agent, columns=["step", "policy_version"])
         assert pc.all(pc.greater_equal(rows["policy_version"], pc.subtract(rows["step"], 1))).as_py()
@@ -129,7 +129,7 @@ def test_a_damaged_newest_snapshot_is_rebuilt_from_the_one_before_and_the_store(
     store = ExperienceStore(run_dir / "store")
     kill_driver(cfg, run_dir, address, 5, also=lambda: all_updated(store, cfg, 1))
     versions = {a: store.policy_version(a) for a in cfg.agents}
-    assert min(versions.values()) < cfg.train.steps  # it died mid-run
+    assert min(versions.values()) < cfg.run.steps  # it died mid-run
     snapshots = run_dir / "state" / SNAPSHOTS
     weights = snapshots / "solver" / f"v{versions['solver']}" / WEIGHTS
     weights.write_bytes(weights.read_bytes()[:1000])  # cut short

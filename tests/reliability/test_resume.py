@@ -53,7 +53,7 @@ def test_a_driver_killed_mid_step_resumes_with_its_committed_samples(
     assert driver.returncode == -signal.SIGKILL, (tmp_path / "driver.log").read_text()[-3000:]
     store = ExperienceStore(run_dir / "store")
     at_kill = rows(store, cfg.agents)
-    assert min(store.policy_version(a) for a in cfg.agents) < cfg.train.steps  # it died mid-run
+    assert min(store.policy_version(a) for a in cfg.agents) < cfg.run.steps  # it died mid-run
 
     # starting a new run in its directory is refused, naming the fix
     again = subprocess.run([*FLEXMARL, "train", "--preset", "tiny", "--run-dir", str(run_dir)], cwd=ROOT, env=env,
@@ -103,9 +103,9 @@ def test_a_prefect_retry_of_the_flow_run_resumes_it(
     # the second attempt continued the first: it reused the samples the first committed and generated fewer
     # than a whole run plans. (How far the first got before the flow's stop reached its pipeline depends on
     # the machine's speed: a sum of the two, as this test once asserted, is not a fixed figure.)
-    planned = cfg.train.steps * cfg.train.queries_per_step * cfg.train.group_size * len(cfg.graph.expanded.nodes)
+    planned = cfg.run.steps * cfg.run.queries_per_step * cfg.run.group_size * len(cfg.graph.expanded.nodes)
     assert report["samples_reused"] > 0 and report["samples_generated"] < planned
-    assert all(a["policy_version"] == cfg.train.steps for a in report["agents"].values())
+    assert all(a["policy_version"] == cfg.run.steps for a in report["agents"].values())
     assert_exact(run_dir, cfg, weights_of(run_dir, cfg))
 
 
@@ -120,5 +120,5 @@ def test_resuming_refuses_what_would_break_the_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot change agents.solver.sampling.temperature, training.lr"):
         resume_config(tmp_path / "run", ["training.lr=0.5", "agents.solver.sampling.temperature=0.7"])
     # where it runs, how patiently and how far may change; repeating a stored value changes nothing
-    resumed = resume_config(tmp_path / "run", ["train.steps=5", "cluster.n_workers=3", "train.group_size=4"])
-    assert (resumed.train.steps, resumed.cluster.n_workers) == (5, 3)
+    resumed = resume_config(tmp_path / "run", ["run.steps=5", "cluster.n_workers=3", "run.group_size=4"])
+    assert (resumed.run.steps, resumed.cluster.n_workers) == (5, 3)

@@ -1,4 +1,4 @@
-"""Faults between snapshots (``train.snapshot_every`` > 1): the state of a version the run did not write is
+"""Faults between snapshots (``run.snapshot_every`` > 1): the state of a version the run did not write is
 rebuilt by replaying the store's updates, mid-run (a lost trainer and its replicas) and at resume, and the
 run ends exactly where an uninterrupted one does."""
 
@@ -15,7 +15,7 @@ from flexmarl.training.snapshots import SNAPSHOTS, find_snapshot
 from storage.store import ExperienceStore
 
 # 2 steps: the state is written at v2 (the last) only, so a fault in step 1 finds no state of v1
-EVERY = "train.snapshot_every=3"
+EVERY = "run.snapshot_every=3"
 
 
 def written(run_dir: Path, agent: str, versions: range) -> list[int]:
@@ -55,7 +55,7 @@ def test_a_driver_killed_between_snapshots_resumes_by_replay_exactly(
     kill_driver(cfg, run_dir, address, 5)
     store = ExperienceStore(run_dir / "store")
     at = {a: store.policy_version(a) for a in cfg.agents}
-    assert 1 in at.values() and max(at.values()) < cfg.train.steps, at  # died between snapshots
+    assert 1 in at.values() and max(at.values()) < cfg.run.steps, at  # died between snapshots
     assert all(written(run_dir, a, range(1, 3)) == [] for a in cfg.agents)  # nothing written before v2
     with connect(address, timeout_s=RESTART_WAIT_S, n_workers=2):
         pass

@@ -58,7 +58,7 @@ def test_a_worker_killed_during_rollout_is_replaced_and_the_run_is_exact(
     recovery = recovery_of(result, fault.worker)
     assert recovery.cause == "lost"
     # the killed worker's batches were generated again: more outputs generated than the run plans
-    planned = cfg.train.steps * cfg.train.queries_per_step * cfg.train.group_size * len(cfg.graph.expanded.nodes)
+    planned = cfg.run.steps * cfg.run.queries_per_step * cfg.run.group_size * len(cfg.graph.expanded.nodes)
     assert result.samples_generated >= planned
     assert_exact(tmp_path / "run", cfg, weights)
 

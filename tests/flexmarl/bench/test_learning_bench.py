@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from flexmarl.bench.learning_bench import (
-    GSM8K_DIR, disjoint_tasks, expression_key, plan_learning, served_tasks, team_nodes, verifier_agreement,
+    GSM8K_DIR, disjoint_problems, expression_key, plan_learning, served_problems, team_nodes, verifier_agreement,
     verifier_figures, wilson_interval,
 )
 from flexmarl.config import load_config
-from flexmarl.evaluate import answer_node, held_out_tasks
-from flexmarl.workloads.datasets import TaskItem, load_tasks
+from flexmarl.evaluate import answer_node, held_out_problems
+from flexmarl.workloads.datasets import Problem, load_problems
 
 needs_gsm8k = pytest.mark.skipif(not (GSM8K_DIR / "test.jsonl").is_file(), reason="GSM8K files not present")
 
@@ -49,43 +49,43 @@ def test_wilson_interval_matches_the_textbook_values() -> None:
 
 def test_held_out_problems_share_no_expression_with_the_training_stream(tmp_path: Path) -> None:
     plan = plan_learning(tmp_path, preset="default", steps=3, n_eval=40, gsm8k_n=0)
-    served = served_tasks(plan.config)
-    assert len(served) == 3 * plan.config.train.queries_per_step
-    keys = {expression_key(t.fields["question"]) for t in plan.eval_tasks}
+    served = served_problems(plan.config)
+    assert len(served) == 3 * plan.config.run.queries_per_step
+    keys = {expression_key(t.fields["question"]) for t in plan.eval_problems}
     assert len(keys) == 40 and not keys & {expression_key(t.fields["question"]) for t in served}
     # same numbers in other words are the same problem
     assert expression_key("What is 4 + 2 - 2?") == expression_key("Calculate 4 + 2 - 2 =") == "4+2-2"
-    asked = TaskItem("a", {"question": "What is 1 + 2?"}, "3")
-    twins = [TaskItem("b", {"question": "Compute 1 + 2"}, "3"), TaskItem("c", {"question": "2 + 1 ="}, "3")]
-    assert disjoint_tasks(twins, [asked], 1) == twins[1:]
+    asked = Problem("a", {"question": "What is 1 + 2?"}, "3")
+    twins = [Problem("b", {"question": "Compute 1 + 2"}, "3"), Problem("c", {"question": "2 + 1 ="}, "3")]
+    assert disjoint_problems(twins, [asked], 1) == twins[1:]
     with pytest.raises(ValueError, match="only 1 held-out"):
-        disjoint_tasks(twins, [asked], 2)
+        disjoint_problems(twins, [asked], 2)
 
 
 @needs_gsm8k
 def test_plan_scores_gsm8k_test_beside_the_held_out_problems(tmp_path: Path) -> None:
     plan = plan_learning(tmp_path, preset="tiny", steps=2, n_eval=5, gsm8k_n=3)
     test_rows = [json.loads(line) for line in (GSM8K_DIR / "test.jsonl").read_text().splitlines()[:3]]
-    assert [t.fields["question"] for t in plan.gsm8k_tasks] == [r["question"] for r in test_rows]
-    assert plan.config.train.steps == 2 and plan.config.data.path is None
-    assert not plan_learning(tmp_path, preset="tiny", n_eval=5, gsm8k_n=0).gsm8k_tasks
+    assert [t.fields["question"] for t in plan.gsm8k_problems] == [r["question"] for r in test_rows]
+    assert plan.config.run.steps == 2 and plan.config.data.path is None
+    assert not plan_learning(tmp_path, preset="tiny", n_eval=5, gsm8k_n=0).gsm8k_problems
 
 
 def test_plan_without_gsm8k_scores_the_preset_dataset_under_another_seed(tmp_path: Path) -> None:
     plan = plan_learning(tmp_path, preset="tiny", n_eval=4, data_dir=tmp_path / "missing",
-                         overrides=["train.steps=2"])
-    assert plan.config.train.steps == 2 and not plan.gsm8k_tasks
-    question = lambda tasks: [t.fields["question"] for t in tasks]  # noqa: E731
-    assert question(plan.eval_tasks) != question(load_tasks(plan.config.data)[:4])
-    assert set(question(plan.eval_tasks)) <= set(question(held_out_tasks(plan.config.data, 16)))
+                         overrides=["run.steps=2"])
+    assert plan.config.run.steps == 2 and not plan.gsm8k_problems
+    question = lambda problems: [t.fields["question"] for t in problems]  # noqa: E731
+    assert question(plan.eval_problems) != question(load_problems(plan.config.data)[:4])
+    assert set(question(plan.eval_problems)) <= set(question(held_out_problems(plan.config.data, 16)))
 
 
-def test_held_out_tasks_refuse_the_run_s_own_training_file(tmp_path: Path) -> None:
+def test_held_out_problems_refuse_the_run_s_own_training_file(tmp_path: Path) -> None:
     train = tmp_path / "train.jsonl"
     train.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}) + "\n")
     data = load_config(preset="tiny", overrides=[f"data.path={train}"]).data
     with pytest.raises(ValueError, match="not held out"):
-        held_out_tasks(data, 4)
+        held_out_problems(data, 4)
 
 
 def test_the_bench_refuses_a_graph_that_is_not_a_solver_verifier_chain() -> None:
@@ -95,26 +95,26 @@ def test_the_bench_refuses_a_graph_that_is_not_a_solver_verifier_chain() -> None
 
 def test_greedy_scoring_of_the_same_weights_is_deterministic(tiny_dir: Path) -> None:
     cfg = load_config(preset="tiny")
-    tasks = held_out_tasks(cfg.data, 6)
-    first = answer_node(cfg, "solver", tiny_dir, tasks, batch_size=4)
-    assert answer_node(cfg, "solver", tiny_dir, tasks, batch_size=4) == first
-    assert [a.input_id for a in first] == [t.input_id for t in tasks]
+    problems = held_out_problems(cfg.data, 6)
+    first = answer_node(cfg, "solver", tiny_dir, problems, batch_size=4)
+    assert answer_node(cfg, "solver", tiny_dir, problems, batch_size=4) == first
+    assert [a.input_id for a in first] == [t.input_id for t in problems]
     parents = [{"solver": a} for a in first]
-    verdicts = answer_node(cfg, "verifier", tiny_dir, tasks, parents=parents, batch_size=4)
-    assert answer_node(cfg, "verifier", tiny_dir, tasks, parents=parents, batch_size=4) == verdicts
+    verdicts = answer_node(cfg, "verifier", tiny_dir, problems, parents=parents, batch_size=4)
+    assert answer_node(cfg, "verifier", tiny_dir, problems, parents=parents, batch_size=4) == verdicts
     # the agreement is the verifier's own reward, averaged
     truths = [a.reward == 1.0 for a in first]
     assert verifier_agreement([v.parsed for v in verdicts], truths) == pytest.approx(
         sum(v.reward for v in verdicts) / len(verdicts))
     with pytest.raises(ValueError, match="pass their answers as parents"):
-        answer_node(cfg, "verifier", tiny_dir, tasks)
+        answer_node(cfg, "verifier", tiny_dir, problems)
 
 
 def test_accuracy_by_terms_splits_the_held_out_problems_by_their_length() -> None:
     from flexmarl.bench.learning_bench import accuracy_by_terms
-    from flexmarl.workloads.datasets import TaskItem
+    from flexmarl.workloads.datasets import Problem
 
     q = "State the final answer to the following arithmetic problem: {} ="
-    tasks = [TaskItem(str(i), {"question": q.format(e)}, "0") for i, e in enumerate(["1 + 2", "3 - 4", "5 + 6 - 7"])]
-    assert accuracy_by_terms(tasks, [True, False, False], [True, True, False]) == {
+    problems = [Problem(str(i), {"question": q.format(e)}, "0") for i, e in enumerate(["1 + 2", "3 - 4", "5 + 6 - 7"])]
+    assert accuracy_by_terms(problems, [True, False, False], [True, True, False]) == {
         "2": {"n": 2, "base": 0.5, "trained": 1.0}, "3": {"n": 1, "base": 0.0, "trained": 0.0}}

@@ -28,7 +28,8 @@ def test_the_work_bound_spreads_the_work_over_workers_and_keeps_each_agents_trai
 
 
 def test_generation_is_split_by_agent_and_batch_size_from_the_rollout_spans() -> None:
-    spans = [Span("w1", "rollout", "a", 0, 4, requests=8, tokens=100), Span("w2", "rollout", "a", 0, 2, requests=8, tokens=60),
+    spans = [Span("w1", "rollout", "a", 0, 4, requests=8, tokens=100),
+             Span("w2", "rollout", "a", 0, 2, requests=8, tokens=60),
              Span("w2", "rollout", "b", 2, 3, requests=2, tokens=40), Span("w1", "train", "a", 4, 9),
              Span("w2", "swap", "b", 3, 4, background=True), Span("w2", "train", "b", 5, 6, background=True)]
     result = PipelineResult(0.0, 10.0, spans, [], ["w1", "w2"], 0)
@@ -106,9 +107,9 @@ def test_rounds_interleave_the_modes_and_the_report_gives_medians_and_spreads(tm
 
 
 def test_the_real_model_fan_out_is_the_fan_out_preset_with_smollm2_agents() -> None:
-    cfg = workload_config("fan_out_smollm2", ["train.steps=2"])
+    cfg = workload_config("fan_out_smollm2", ["run.steps=2"])
     preset = load_config(preset="fan_out")
     assert {a: s.model for a, s in cfg.agents.items()} == dict.fromkeys(preset.agents, SMOLLM2)
-    assert cfg.graph.model_dump() == preset.graph.model_dump() and cfg.train.steps == 2
+    assert cfg.graph.model_dump() == preset.graph.model_dump() and cfg.run.steps == 2
     with pytest.raises(ConfigError, match="unknown workload 'fan_out_smolm2'.*fan_out_smollm2"):
         workload_config("fan_out_smolm2")

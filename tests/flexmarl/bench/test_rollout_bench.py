@@ -20,7 +20,8 @@ def test_rollout_bench_compares_like_with_like(tmp_path: Path) -> None:
     assert lb["with_lb"]["capacity_moves"] > 0 and lb["without_lb"]["capacity_moves"] == 0
     assert len(lb["moves"]) == lb["with_lb"]["capacity_moves"]
     assert report["backends"]["hf"]["tokens_per_s"] > 0
-    assert "tokens_per_s" in report["backends"]["vllm"] or "make setup-vllm" in report["backends"]["vllm"]["unavailable"]
+    vllm = report["backends"]["vllm"]
+    assert "tokens_per_s" in vllm or "make setup-vllm" in vllm["unavailable"]
     # the same seeded requests: every way generated exactly the same samples
     samples = {
         way: {a: ExperienceStore(tmp_path / "runs" / f"{way}-0" / "store")

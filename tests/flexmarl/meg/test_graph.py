@@ -169,7 +169,7 @@ def loop_config(tmp_path, **agent_changes) -> str:
 def test_a_loop_config_validates(tmp_path) -> None:
     cfg = load_config(loop_config(tmp_path))
     assert cfg.nodes_of("solver") == ["solver_t0", "solver_t1", "solver_t2"]
-    assert cfg.samples_per_step("solver") == cfg.train.queries_per_step * cfg.train.group_size * 3
+    assert cfg.samples_per_step("solver") == cfg.run.queries_per_step * cfg.run.group_size * 3
 
 
 def test_template_error_in_a_loop_names_the_declared_node_and_the_file(tmp_path) -> None:
@@ -218,5 +218,5 @@ def test_a_parent_named_like_a_task_field_is_refused(tmp_path) -> None:
     raw["agents"]["verifier"]["prompt"] = "{question}"
     path = tmp_path / "clash.yaml"
     path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ConfigError, match=r"reads parent field\(s\) \['question'\] that are also task fields"):
+    with pytest.raises(ConfigError, match=r"reads parent field\(s\) \['question'\] that are also problem fields"):
         load_config(path)

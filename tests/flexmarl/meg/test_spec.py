@@ -70,13 +70,13 @@ def test_missing_model_path(tmp_path) -> None:
 
 
 def test_unknown_key_suggests_the_nearest(tmp_path) -> None:
-    with pytest.raises(ConfigError, match=r"train.stepz: unknown key \(did you mean 'steps'\?\)"):
-        load_config(preset="tiny", overrides=["train.stepz=3"])
+    with pytest.raises(ConfigError, match=r"run.stepz: unknown key \(did you mean 'steps'\?\)"):
+        load_config(preset="tiny", overrides=["run.stepz=3"])
 
 
 def test_wrong_type_names_the_field() -> None:
-    with pytest.raises(ConfigError, match="train.steps: Input should be a valid integer"):
-        load_config(preset="tiny", overrides=["train.steps=many"])
+    with pytest.raises(ConfigError, match="run.steps: Input should be a valid integer"):
+        load_config(preset="tiny", overrides=["run.steps=many"])
 
 
 def test_malformed_yaml_gives_the_line(tmp_path) -> None:
@@ -91,8 +91,8 @@ def test_unregistered_reward_is_refused() -> None:
 
 
 def test_overrides_apply_and_parse_types() -> None:
-    cfg = load_config(preset="tiny", overrides=["train.steps=5", "training.lr=1e-4"])
-    assert cfg.train.steps == 5 and cfg.training.lr == pytest.approx(1e-4)
+    cfg = load_config(preset="tiny", overrides=["run.steps=5", "training.lr=1e-4"])
+    assert cfg.run.steps == 5 and cfg.training.lr == pytest.approx(1e-4)
 
 
 def test_topological_order_is_deterministic_for_fan_out_and_fan_in() -> None:

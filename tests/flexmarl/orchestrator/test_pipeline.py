@@ -20,7 +20,7 @@ from storage.store import ExperienceStore
 
 pytestmark = pytest.mark.cluster  # a real cluster and training runs: the module takes a minute or more
 
-SMALL = ["train.steps=2", "train.queries_per_step=4", "train.group_size=2", "training.micro_batch_size=4"]
+SMALL = ["run.steps=2", "run.queries_per_step=4", "run.group_size=2", "training.micro_batch_size=4"]
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,8 @@ def test_a_weight_sync_that_hangs_fails_fast_naming_agent_replica_and_version(tm
         events = []
         try:
             runtime.start_engines()
-            with pytest.raises(WeightSyncError, match=r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s") as err:
+            hung = r"weight sync of agent '(solver|verifier)' to v1 on replica \S+ did not finish within 2s"
+            with pytest.raises(WeightSyncError, match=hung) as err:
                 runtime.run(on_event=events.append)
             assert not hang_over.exists()  # it failed at its timeout, while the replica still hung
         finally:
@@ -193,7 +194,7 @@ def test_dynamic_sampling_drops_zero_variance_groups_in_every_mode(tmp_path: Pat
     from storage.verify import verify_store
 
     def mixed(x) -> float:  # half of the inputs: constant; the others: did the solver's output parse
-        if zlib.crc32(x.task.input_id.encode()) % 2:
+        if zlib.crc32(x.problem.input_id.encode()) % 2:
             return 1.0
         return float(x.parsed_outputs.get(x.parents[0]) is not None)
 
@@ -207,7 +208,7 @@ def test_dynamic_sampling_drops_zero_variance_groups_in_every_mode(tmp_path: Pat
         _, weights[mode] = run_mode(cfg, tmp_path / mode, address)
         stores[mode] = ExperienceStore(tmp_path / mode / "store")
     assert max_diff(weights["sync"], weights["flexmarl"]) <= 1e-5
-    start = load_model(resolve_model("tiny", seed=cfg.train.seed)).state_dict()
+    start = load_model(resolve_model("tiny", seed=cfg.run.seed)).state_dict()
     assert all(torch.equal(weights["sync"]["solver"][k], start[k]) for k in start)  # nothing to train
     assert any(not torch.equal(weights["sync"]["verifier"][k], start[k]) for k in start)
 
@@ -233,7 +234,7 @@ def test_dynamic_sampling_drops_zero_variance_groups_in_every_mode(tmp_path: Pat
                 max_new_tokens = cfg.agents[agent].sampling.max_new_tokens
                 assert dict(update["metrics"])["loss/normaliser"] == len(kept) * max_new_tokens
             if agent == "solver":
-                assert update["consumed_ids"] == [] and dropped == cfg.train.queries_per_step
+                assert update["consumed_ids"] == [] and dropped == cfg.run.queries_per_step
                 assert dict(update["metrics"])["micro_batches"] == 0
         if agent == "verifier":  # the mix this test is about: some groups dropped, some trained
             assert any(u["consumed_ids"] for u in mine)
@@ -256,7 +257,8 @@ def test_rewards_run_off_the_driver_loop_which_dispatches_meanwhile(tmp_path: Pa
     monkeypatch.setitem(REWARDS, "correct_answer", slow_correct)
     submitted: list[float] = []
     cfg = load_config(preset="fan_out", overrides=[*SMALL, *MODES["flexmarl"]])
-    result, _ = train(cfg, tmp_path / "run", address, on_submit=lambda kind, agent, worker: submitted.append(time.time()))
+    result, _ = train(cfg, tmp_path / "run", address,
+                      on_submit=lambda kind, agent, worker: submitted.append(time.time()))
     assert len(result.updates) == 2 * len(cfg.agents)
     assert slow and all(name.startswith("rewards") for _, _, name in slow)
     during = [t for t in submitted if any(start < t < end for start, end, _ in slow)]

@@ -16,7 +16,7 @@ from flexmarl.rollout.backend import GenerationResult
 from flexmarl.rollout.episodes import Episode, EpisodeGraph
 from flexmarl.rollout.scoring import episode_rows, sample_rows, score
 from flexmarl.training.config import TrainerConfig
-from flexmarl.workloads.datasets import TaskItem
+from flexmarl.workloads.datasets import Problem
 
 TOK = build_tokenizer()
 
@@ -42,8 +42,8 @@ def make_spec(agents: dict, graph: dict) -> MEGSpec:
 def run(spec: MEGSpec, respond, *, group_size: int, answer: str = "4"):
     graph = EpisodeGraph(spec, {a: TOK for a in spec.agents})
     client = ScriptedClient(respond)
-    task = TaskItem("q7", {"question": "2+2"}, answer)
-    episodes = [Episode(task, j, 0) for j in range(group_size)]
+    problem = Problem("q7", {"question": "2+2"}, answer)
+    episodes = [Episode(problem, j, 0) for j in range(group_size)]
     ready = deque((ep, node) for ep in episodes for node in graph.roots)
     while ready:
         ep, node = ready.popleft()

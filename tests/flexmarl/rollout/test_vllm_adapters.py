@@ -137,7 +137,7 @@ def test_adapter_agents_train_through_the_pipeline_on_vllm(tmp_path, model_cache
         "agents.solver.model=tiny-large", "agents.verifier.model=tiny-large",
         "agents.solver.adapter={r: 8, alpha: 16}", "agents.verifier.adapter={r: 8, alpha: 16}",
         "rollout.backend=vllm", "rollout.vllm={kv_cache_gb: 0.25, max_model_len: 512, max_lora_rank: 8}",
-        "train.steps=2", "train.queries_per_step=4", "train.group_size=4", "training.micro_batch_size=8",
+        "run.steps=2", "run.queries_per_step=4", "run.group_size=4", "training.micro_batch_size=8",
         "training.lr=1e-2", *MODES["flexmarl"]])
     with open_cluster(ClusterConfig(n_workers=2)) as address:
         result, weights = run_mode(cfg, tmp_path / "run", address)

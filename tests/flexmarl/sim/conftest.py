@@ -43,7 +43,7 @@ workload:
   group_size: 4
   micro_batch_size: 4
   max_batch_size: 4
-  slots_per_worker: 2
+  replicas_per_worker: 2
   balance_threshold: 2
   balance_cooldown_s: 0.5
   seed: 7

@@ -51,7 +51,7 @@ def test_load_balancing_moves_slots_and_keeps_their_number(small: SimPreset) -> 
     sim = Simulation(small, "flexmarl")
     result = sim.run()
     assert result.moves and all(m.target_load - m.source_load > small.workload.balance_threshold for m in result.moves)
-    assert sum(len(r) for r in sim.replicas.values()) == 2 * small.workload.slots_per_worker
+    assert sum(len(r) for r in sim.replicas.values()) == 2 * small.workload.replicas_per_worker
     assert not simulate(small, "no-lb").moves
 
 

@@ -11,9 +11,9 @@ def test_modes_are_the_benchmarks_modes() -> None:
     for name, overrides in BENCH_MODES.items():
         settings = dict(o.split("=", 1) for o in overrides)
         mode = MODES[name]
-        assert mode.mode == settings.get("train.mode", "flexmarl")
-        assert mode.pipeline == (settings.get("train.pipeline", "true") == "true")
-        assert mode.max_staleness == int(settings.get("train.max_staleness", 0))
+        assert mode.mode == settings.get("run.mode", "flexmarl")
+        assert mode.pipeline == (settings.get("run.pipeline", "true") == "true")
+        assert mode.max_staleness == int(settings.get("run.max_staleness", 0))
         assert mode.load_balance == (settings.get("rollout.load_balance", "true") == "true")
         cut = settings.get("rollout.micro_batch_generation")  # unset: the workload's own setting
         assert mode.micro_batch_generation == (None if cut is None else cut == "true")

@@ -57,7 +57,7 @@ def test_tensorboard_and_mlflow_receive_every_update_at_its_version(tmp_path: Pa
     history = client.get_metric_history(run.info.run_id, "solver/loss/policy")
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
     assert run.data.metrics["run/utilization"] == 0.5
-    assert run.data.params["train.steps"] == str(cfg.train.steps)
+    assert run.data.params["run.steps"] == str(cfg.run.steps)
     assert run.data.params["agents.solver.prompt"] == cfg.agents["solver"].prompt
     config_file = client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))
     assert Path(config_file).read_text().startswith("agents:")

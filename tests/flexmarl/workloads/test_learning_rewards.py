@@ -1,4 +1,4 @@
-"""The rewards that make learning show: the class-balanced verifier reward and the copy task's rewards."""
+"""The rewards that make learning show: the class-balanced verifier reward and the copy problem's rewards."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from flexmarl.rollout.backend import GenerationResult
 from flexmarl.rollout.episodes import Episode, NodeOutput
 from flexmarl.rollout.scoring import score
 from flexmarl.training.config import TrainerConfig
-from flexmarl.workloads.datasets import DataConfig, TaskItem, TaskStream, load_tasks
+from flexmarl.workloads.datasets import DataConfig, Problem, ProblemStream, load_problems
 from flexmarl.workloads.parsers import first_digit
 from flexmarl.workloads.rewards import RewardInput, class_balanced, copies_parent, copies_question
 
@@ -25,10 +25,10 @@ SPEC = MEGSpec.model_validate({
 
 
 def _episode(j: int, answer: str, verdict: str) -> Episode:
-    ep = Episode(TaskItem("q", {"question": "1 + 1"}, "2"), j, 0)
+    ep = Episode(Problem("q", {"question": "1 + 1"}, "2"), j, 0)
     for node, parsed in (("solver", answer), ("verifier", verdict)):
-        ep.outputs[node] = NodeOutput(node, node, 0, f"q_{node}_{j}", [1], GenerationResult(str(j), [2], [0.0], "length", 0),
-                                      parsed, parsed, [])
+        result = GenerationResult(str(j), [2], [0.0], "length", 0)
+        ep.outputs[node] = NodeOutput(node, node, 0, f"q_{node}_{j}", [1], result, parsed, parsed, [])
     return ep
 
 
@@ -55,8 +55,8 @@ def test_a_group_of_one_class_keeps_its_rewards() -> None:
 
 
 def test_copy_rewards_pay_only_the_input_digit() -> None:
-    task = TaskItem("c", {"question": "7777"}, "7")
-    x = lambda parsed, parents=(), outputs=None: RewardInput("n", parsed, task, outputs or {}, list(parents))  # noqa: E731
+    problem = Problem("c", {"question": "7777"}, "7")
+    x = lambda parsed, parents=(), outputs=None: RewardInput("n", parsed, problem, outputs or {}, list(parents))  # noqa: E731
     assert copies_question(x("7")) == 1.0 and copies_question(x("3")) == 0.0 and copies_question(x(None)) == 0.0
     assert copies_parent(x("3", ["w"], {"w": "3"})) == 1.0 and copies_parent(x("3", ["w"], {"w": None})) == 0.0
     with pytest.raises(ValueError, match="needs a parent"):
@@ -65,9 +65,9 @@ def test_copy_rewards_pay_only_the_input_digit() -> None:
 
 
 def test_ten_copy_tasks_serve_each_digit_once_per_step() -> None:
-    tasks = load_tasks(DataConfig(dataset="copy_digits", dataset_args={"repeat": 8}, size=10))
-    assert {t.answer for t in tasks} == set("0123456789")
-    assert all(t.fields["question"] == t.answer * 8 for t in tasks)
-    stream = TaskStream(tasks, seed=0)
+    problems = load_problems(DataConfig(dataset="copy_digits", dataset_args={"repeat": 8}, size=10))
+    assert {t.answer for t in problems} == set("0123456789")
+    assert all(t.fields["question"] == t.answer * 8 for t in problems)
+    stream = ProblemStream(problems, seed=0)
     for step in range(3):
         assert sorted(t.answer for t in stream.batch(step, 10)) == list("0123456789")

@@ -34,7 +34,7 @@ EVENT_NAMES: dict[type, str] = {
     UpdateEvent: "flexmarl.agent.updated",
     WeightSynced: "flexmarl.weights.synced",
     StateMove: "flexmarl.state.moved",
-    Move: "flexmarl.slot.moved",
+    Move: "flexmarl.replica.moved",
     AgentFailed: "flexmarl.agent.failed",
 }
 RUN_FAILED = "flexmarl.run.failed"

@@ -26,7 +26,7 @@ from flexmarl.run.prepare import prepare_run
 from flexmarl.report.timeline import draw_queues, draw_timeline
 
 # The fan_out preset, skewed harder: the solver's three calls carry nearly all the tokens, and the aggregator
-# runs the small model, so that the replica slots dealt evenly at the start are far from where the work is.
+# runs the small model, so that the replicas dealt evenly at the start are far from where the work is.
 SKEW = ["agents.aggregator.model=tiny", "agents.solver.sampling.max_new_tokens=96", "run.queries_per_step=16"]
 # Each way of sampling is a set of overrides of the same workload (one step, no training).
 WAYS: dict[str, list[str]] = {

@@ -94,7 +94,7 @@ def render_summary(
         lines += _table(["worker", "busy", *KINDS], _utilisation_rows(timeline))
         if timeline.moves:
             gained = ", ".join(f"{a} {n}" for a, n in sorted(Counter(m.target for m in timeline.moves).items()))
-            lines += ["", f"The inter-agent balancer moved {len(timeline.moves)} replica slots (gained: {gained})."]
+            lines += ["", f"The inter-agent balancer moved {len(timeline.moves)} replicas (gained: {gained})."]
     elif report:
         lines += _table(["worker", "busy"], [[w, f"{u:.0%}"] for w, u in report["worker_utilization"].items()])
     else:

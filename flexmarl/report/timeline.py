@@ -1,5 +1,5 @@
 """Pictures of a run's timeline: one lane per worker (its rollout, training, swap and sync time in colours),
-and each agent's queue of waiting requests with the replica slots the balancer moved."""
+and each agent's queue of waiting requests with the replicas the balancer moved."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def draw_timeline(result: PipelineResult, path: Path, *, title: str) -> Path:
 
 
 def draw_queues(result: PipelineResult, path: Path, *, title: str) -> Path:
-    """Each agent's waiting requests over time; a dashed line where a replica slot moved to an agent."""
+    """Each agent's waiting requests over time; a dashed line where a replica moved to an agent."""
     fig, ax = plt.subplots(figsize=(10, 3))
     agents = sorted({a for _, a, _ in result.queue_trace})
     colours = dict(zip(agents, plt.get_cmap("tab10").colors, strict=False))

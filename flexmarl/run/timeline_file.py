@@ -1,7 +1,7 @@
 """``RUN_DIR/timeline.json``: the pipeline's worker spans, agent updates and queues, kept after the run.
 
 The store holds what was sampled and trained; it does not hold when each worker was busy, the per-update
-staleness, each agent's queue of waiting requests over time, the replica slots the balancer moved, the
+staleness, each agent's queue of waiting requests over time, the replicas the balancer moved, the
 training states that moved, nor the recoveries. The pipeline task writes the whole ``PipelineResult`` here
 at the end of a run: the flow's report is built from it, and ``flexmarl report`` draws the timeline and the
 per-agent pictures from it later.

@@ -166,7 +166,7 @@ class WorkloadCost(Strict):
     micro_batch_size: int = Field(ge=1)
     """Samples per micro-batch (whole groups: the runtime's ``micro_batch_of``)."""
     max_batch_size: int = Field(ge=1)
-    """Most requests one replica slot takes in one generation batch."""
+    """Most requests one replica takes in one generation batch."""
     replicas_per_worker: int = Field(2, ge=1)
     """Replica slots per rollout worker (``rollout.replicas_per_worker``)."""
     balance_threshold: float = Field(5.0, ge=0)

@@ -1,7 +1,7 @@
 """The simulated-clock executor: the pipeline's own scheduler, driven by a cost model and an event heap.
 
 ``Simulation`` drives the same ``Scheduler`` (``flexmarl/orchestrator/scheduler.py``) as the Dask runtime:
-every decision (admission, request batching, replica slots and the inter-agent balancer, the micro-batch
+every decision (admission, request batching, replicas and the inter-agent balancer, the micro-batch
 partition and its commits, training-slot binding, prefetches, moves and weight syncs) is the runtime's own
 code, so a change there changes the simulation. This module only decides how long things take and when they
 finish: a worker (a device group) runs its jobs highest priority first, ``lanes`` at a time (a Dask worker:

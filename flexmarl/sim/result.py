@@ -41,7 +41,7 @@ SPAN_KINDS = ("rollout", "train", "swap", "sync", "snapshot")
 class Worker:
     """A device group that runs its tasks highest priority first, ``lanes`` at a time (a Dask worker: one).
 
-    A rollout worker of a continuous-batching engine has one lane per replica slot: the engine decodes the
+    A rollout worker of a continuous-batching engine has one lane per replica: the engine decodes the
     slots' batches together, so a slot's next batch does not wait for another slot's long tail.
     """
 

@@ -310,6 +310,21 @@ def _strip_optional(annotation: Any) -> Any:
     return annotation
 
 
+def dotted_values(cfg: RunConfig) -> dict[str, object]:
+    """Every setting of ``cfg`` as ``dotted.key -> value`` (an empty section counts as one value)."""
+    flat: dict[str, object] = {}
+
+    def walk(tree: dict, prefix: str) -> None:
+        for key, value in tree.items():
+            if isinstance(value, dict) and value:
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(cfg.model_dump(mode="json"), "")
+    return flat
+
+
 def config_summary(cfg: RunConfig) -> str:
     """A run's config in one line: the agents' models, the data, the schedule (the whole is in config.yaml)."""
     models = ", ".join(f"{a}={s.model}" for a, s in cfg.agents.items())

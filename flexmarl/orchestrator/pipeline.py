@@ -32,7 +32,7 @@ from flexmarl.cluster.local import scheduler_workers, submit_on
 from flexmarl.cluster.worker_state import EngineKey, Timed, timed_call
 from flexmarl.config import RunConfig
 from flexmarl.orchestrator.collector import Collector
-from flexmarl.orchestrator.policy import SchedulePolicy
+from flexmarl.orchestrator.policy import AgentShape, SchedulePolicy
 from flexmarl.orchestrator.records import (
     AgentFailed, PipelineEvent, PipelineResult, Span, StateMove, StepOpened, UpdateEvent, WeightSynced,
 )
@@ -40,7 +40,7 @@ from flexmarl.orchestrator.commands import (
     Cancel, CatchUp, Commit, Discard, Finish, Generate, GroupDone, Job, JobKind, MoveState, Park, Prefetch,
     RecordUpdate, Replay, Restore, Snapshot, StartReplica, StepDone, Sync, Train, overdue,
 )
-from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
+from flexmarl.orchestrator.scheduler import Scheduler
 from flexmarl.orchestrator.supervisor import Supervisor
 from flexmarl.rollout import replica as replica_fns
 from flexmarl.rollout.backend import GenerationRequest, WeightSyncError

@@ -22,6 +22,16 @@ from flexmarl.orchestrator.config import TrainMode
 # Job priorities on a worker are part of the commands' vocabulary: ``commands.JobKind``.
 
 
+@dataclass(frozen=True)
+class AgentShape:
+    """What the scheduler needs to know of one agent."""
+
+    micro_batch_size: int  # samples per micro-batch (rounded to whole groups by ``micro_batch_of``)
+    max_new_tokens: int  # the most one request generates
+    batch_limit: int  # most requests in one generation batch
+    agent_wise: bool = False  # ``advantage: agent``: the whole batch is normalised (and committed) together
+
+
 class TrainingDue(Enum):
     """What an agent's trainer should do next for its step."""
 

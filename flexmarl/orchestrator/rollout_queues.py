@@ -15,14 +15,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
 
 from flexmarl.orchestrator.commands import Generate, InFlight, Request
-from flexmarl.orchestrator.policy import SchedulePolicy
+from flexmarl.orchestrator.policy import AgentShape, SchedulePolicy
 from flexmarl.rollout.balancer import InterAgentBalancer, Replica, adds_capacity, move_replica
-
-if TYPE_CHECKING:
-    from flexmarl.orchestrator.scheduler import AgentShape
 
 
 class RolloutQueues:

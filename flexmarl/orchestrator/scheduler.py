@@ -25,7 +25,7 @@ from flexmarl.orchestrator.commands import (
     Finish, Generate, GroupDone, InFlight, Job, JobKind, MicroBatch, MoveState, Replay, Request, Snapshot,
     StepDone, StoredBatch, Sync, Train,
 )
-from flexmarl.orchestrator.policy import SchedulePolicy, micro_batch_of
+from flexmarl.orchestrator.policy import AgentShape, SchedulePolicy, micro_batch_of
 from flexmarl.orchestrator.recovery import RecoveryPlanner
 from flexmarl.orchestrator.rollout_queues import RolloutQueues
 from flexmarl.orchestrator.training_bindings import TrainingBindings
@@ -41,16 +41,6 @@ class StepState:
     done_in_group: list[int]  # per query: finished episodes
     done_groups: int = 0
     finished_nodes: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # layer -> count
-
-
-@dataclass(frozen=True)
-class AgentShape:
-    """What the scheduler needs to know of one agent."""
-
-    micro_batch_size: int  # samples per micro-batch (rounded to whole groups by ``micro_batch_of``)
-    max_new_tokens: int  # the most one request generates
-    batch_limit: int  # most requests in one generation batch
-    agent_wise: bool = False  # ``advantage: agent``: the whole batch is normalised (and committed) together
 
 
 class Scheduler:

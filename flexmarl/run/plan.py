@@ -34,7 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from flexmarl.cluster.local import connect
-from flexmarl.config import ConfigError, RunConfig, load_config
+from flexmarl.config import ConfigError, RunConfig, dotted_values, load_config
 from flexmarl.preflight import check_inputs, check_run_dir, check_run_location, check_store_location
 from flexmarl.run.layout import ATTEMPTS_FILE, CONFIG_FILE
 from flexmarl.run_lock import run_lock
@@ -210,7 +210,7 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConf
         raise ConfigError(f"{run_dir} holds no run to resume (no {CONFIG_FILE}); pass the run directory of a run "
                           "that was started with `flexmarl train --run-dir`")
     stored, cfg = load_config(path), load_config(path, overrides=overrides)
-    before, after = _flatten(stored.model_dump(mode="json")), _flatten(cfg.model_dump(mode="json"))
+    before, after = dotted_values(stored), dotted_values(cfg)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     refused = [k for k in changed if not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]
     if refused:
@@ -221,12 +221,3 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConf
         )
     return cfg
 
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

@@ -22,8 +22,8 @@ from flexmarl.orchestrator.commands import (
     Commit, Discard, Finish, Generate, GroupDone, Job, JobKind, MoveState, Park, Prefetch, RecordUpdate, Request,
     StepDone, Sync, Train,
 )
-from flexmarl.orchestrator.policy import SchedulePolicy, deal_replicas
-from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
+from flexmarl.orchestrator.policy import AgentShape, SchedulePolicy, deal_replicas
+from flexmarl.orchestrator.scheduler import Scheduler
 from flexmarl.rollout.balancer import InterAgentBalancer
 from flexmarl.sim.costmodel import Layout, SimPreset
 from flexmarl.sim.result import MODES, SPAN_KINDS, SimMode, SimResult, UpdateRecord, Worker

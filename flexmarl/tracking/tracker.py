@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
-from flexmarl.config import RunConfig, dump_config
+from flexmarl.config import RunConfig, dotted_values, dump_config
 from flexmarl.orchestrator.records import UpdateEvent
 from flexmarl.tracking.config import TrackingConfig
 from flexmarl.tracking.keys import run_metrics, update_metrics
@@ -44,17 +44,6 @@ class Backend(Protocol):
 def mlflow_uri(cfg: TrackingConfig, run_dir: Path) -> str:
     """The configured MLflow URI, or the SQLite file store under the run directory."""
     return cfg.mlflow_uri or f"sqlite:///{(run_dir / MLFLOW_DB).resolve()}"
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, str]:
-    """Nested config values as ``dotted.key -> text`` (MLflow params are flat strings)."""
-    out: dict[str, str] = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = str(value)
-    return out
 
 
 def check_tracking(cfg: TrackingConfig) -> None:
@@ -120,7 +109,7 @@ class RunTracker:
         except BaseException:
             self._close(failed=True)
             raise
-        params = flatten(self.config.model_dump(mode="json"))
+        params = {key: str(value) for key, value in dotted_values(self.config).items()}  # MLflow's are text
         self._each("log the config", lambda b: b.log_params(params, dump_config(self.config)))
         return self
 

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from flexmarl.meg.graph import DeclaredNode, expand
-from flexmarl.orchestrator.policy import SchedulePolicy
-from flexmarl.orchestrator.scheduler import AgentShape, Scheduler
+from flexmarl.orchestrator.policy import AgentShape, SchedulePolicy
+from flexmarl.orchestrator.scheduler import Scheduler
 from flexmarl.orchestrator.commands import (
     Cancel, Commit, Discard, GroupDone, Prefetch, RecordUpdate, Replay, StepDone, Job, JobKind,
 )

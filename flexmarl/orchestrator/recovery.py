@@ -61,7 +61,12 @@ class RecoveryPlanner:
     @property
     def waiting(self) -> bool:
         """Work waits for a worker: a trainer to rebuild, or an agent without any replica."""
-        return bool(self.restores) or any(not reps for reps in self.rollout.replicas.values())
+        return bool(self.waiting_agents())
+
+    def waiting_agents(self) -> list[str]:
+        """The agents whose work waits for a worker: those with a trainer to rebuild, else those left without any
+        replica."""
+        return sorted(self.restores) or sorted(a for a, reps in self.rollout.replicas.items() if not reps)
 
     @property
     def owed(self) -> bool:

@@ -151,8 +151,7 @@ class Supervisor:
             return
         self.waiting_since = self.waiting_since or now
         if now - self.waiting_since > self.cfg.cluster.connect_timeout_s:
-            need = sorted(self.recovery.restores) or sorted(a for a, reps in self.recovery.rollout.replicas.items()
-                                                            if not reps)
+            need = self.recovery.waiting_agents()
             raise ClusterError(
                 f"no live worker to rebuild the engines of {need} on within {self.cfg.cluster.connect_timeout_s:.0f}s "
                 "(cluster.connect_timeout_s): every worker that could host them is gone; add workers to the cluster"

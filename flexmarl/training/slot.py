@@ -20,6 +20,7 @@ import torch
 from flexmarl.cluster.worker_state import EngineKey, engines, worker_address
 from flexmarl.models.adapters import AdapterHost, host_key
 from flexmarl.training.config import TrainerConfig
+from flexmarl.training.group import TrainerGroup, all_reduce, drop_group, process_group
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult, shared_accelerator
 from storage.store import StoreSpec
@@ -122,9 +123,11 @@ def park(key: EngineKey, location: str, storage_options: dict) -> int:
     """Write ``key``'s whole training state to ``location`` (a directory or URI); returns the bytes written.
 
     The trainer stays on this worker until ``drop_trainer``: if the agent comes back here before it trains
-    anywhere else, nothing needs to be read back.
+    anywhere else, nothing needs to be read back. The scheduler parks a trainer in the middle of a step only
+    for a rank that joins its group (the state of the step's start; this trainer keeps its gradient sum): a
+    state moves between steps.
     """
-    return TrainingState.of(trainer(key)).to(location, storage_options=storage_options).stored_bytes
+    return HostCopy.capture(trainer(key), during_step=True).write(location, storage_options)
 
 
 def drop_trainer(key: EngineKey) -> bool:
@@ -133,6 +136,7 @@ def drop_trainer(key: EngineKey) -> bool:
     if registry.get("slot:on-device") == key:
         del registry["slot:on-device"]
     dropped = registry.pop(_key(key), None)
+    drop_group(key)
     if dropped is not None:
         dropped.close()
     return dropped is not None
@@ -209,9 +213,14 @@ def accumulate(key: EngineKey, store: StoreSpec, samples_version: int, sample_id
     return MicroBatchTrained(t.accumulate(TrainBatch.from_arrow(rows)), swap_s, read_s)
 
 
-def finish_step(key: EngineKey) -> UpdateResult:
+def finish_step(key: EngineKey, group: TrainerGroup | None = None) -> UpdateResult:
+    """The optimizer step of ``key``'s update; with a ``group``, this worker's rank of the group's collective
+    step (every member runs this at once)."""
     activate(key)
-    return trainer(key).finish_step()
+    if group is None:
+        return trainer(key).finish_step()
+    pg = process_group(key, group)
+    return trainer(key).finish_step(reduce=lambda tensors: all_reduce(pg, tensors))
 
 
 def weights(key: EngineKey) -> dict[str, torch.Tensor]:

@@ -66,9 +66,13 @@ class HostCopy:
         return tensor_bytes(self.weights) + tensor_bytes(self.optimizer)
 
     @classmethod
-    def capture(cls, trainer) -> HostCopy:
-        """Copy ``trainer``'s state to host memory; the trainer keeps its own."""
-        if trainer.step_under_way:
+    def capture(cls, trainer, *, during_step: bool = False) -> HostCopy:
+        """Copy ``trainer``'s state to host memory; the trainer keeps its own.
+
+        ``during_step``: the trainer is in the middle of an update and keeps it; the copy holds the state of the
+        update's start (weights and optimizer change only at ``finish_step``), for a rank joining its group.
+        """
+        if trainer.step_under_way and not during_step:
             raise RuntimeError(
                 f"agent {trainer.agent!r} is in the middle of the update to v{trainer.version + 1}: its gradient "
                 "sum is not part of the state; move the state after finish_step"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -348,14 +348,23 @@ class AgentTrainer:
             self._stats[k] += v
         return stats
 
-    def finish_step(self) -> UpdateResult:
+    def finish_step(self, reduce: Callable[[list[torch.Tensor]], None] | None = None) -> UpdateResult:
         """Divide the accumulated gradient by the global batch's normaliser; one optimizer step.
 
         A step with nothing accumulated (every sample of the global batch failed, or was dropped by
         ``dynamic_sampling``) is an empty update: the version advances, since versions count global
         batches, and the weights, the optimizer and the lr schedule stay untouched; it consumes nothing.
+
+        ``reduce``: when the step was spread over the ranks of the agent's trainer group, the group's in-place
+        sum over ranks (``group.all_reduce``). Every rank calls this, with whatever it trained (nothing
+        included); the gradient sums and the loss counters are summed first, so every rank takes the same step
+        on the global batch. The result's ``consumed_ids`` are this rank's; the rest is the group's.
         """
-        if not getattr(self, "_consumed", None):
+        if reduce is not None:
+            if not self.step_under_way:
+                self.begin_step()  # a rank that trained nothing still adds its zeros
+            self._sum_over_ranks(reduce)
+        if not self.step_under_way or self._responses == 0:
             for name in ("_grad_sum", "_consumed"):  # begun by an empty micro-batch, or not at all
                 self.__dict__.pop(name, None)
             self.optimizer.zero_grad(set_to_none=True)
@@ -397,6 +406,23 @@ class AgentTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         return UpdateResult(self.agent, self.version, consumed, tokens, metrics)
+
+    def _stat_keys(self) -> tuple[str, ...]:
+        """The per-micro-batch statistics ``policy_loss`` and ``_accumulate`` report, in a fixed order."""
+        return ("clipfrac", "ratio_mean", "stale_fraction", *(("kl",) if self.config.kl_coef > 0 else ()))
+
+    def _sum_over_ranks(self, reduce: Callable[[list[torch.Tensor]], None]) -> None:
+        """Make this step's gradient sum and counters the group's: the sums over every rank's."""
+        keys = self._stat_keys()
+        sums = list(self._grad_sum.values())
+        counters = torch.tensor(
+            [self._responses, self._tokens, self._loss_sum, self._micro, self._is_sum, self._is_at_cap,
+             *(self._stats.get(k, 0.0) for k in keys)], dtype=torch.float64, device=sums[0].device)
+        reduce([*sums, counters])
+        values = counters.tolist()
+        self._responses, self._tokens, self._micro = int(values[0]), int(values[1]), int(values[3])
+        self._loss_sum, self._is_sum, self._is_at_cap = values[2], values[4], values[5]
+        self._stats = defaultdict(float, zip(keys, values[6:], strict=True))
 
     def train_step(self, batch: TrainBatch) -> UpdateResult:
         """A whole global batch at once: micro-batches of ``micro_batch_size`` in order, then one step."""

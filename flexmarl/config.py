@@ -135,6 +135,19 @@ class RunConfig(MEGSpec):
         return self
 
     @model_validator(mode="after")
+    def _check_trainer_groups(self) -> RunConfig:
+        for agent, spec in self.agents.items():
+            span = self.trainer_config(agent).max_slots
+            where = "agents.{a}.training.max_slots" if "max_slots" in spec.training else "training.max_slots"
+            if self.training.slots is not None and span > self.training.slots:
+                raise ValueError(f"{where.format(a=agent)}={span} is above training.slots={self.training.slots}: "
+                                 f"a trainer group spans at most the run's slots; lower it or raise training.slots")
+            if span > 1 and spec.adapter is not None:
+                raise ValueError(f"{where.format(a=agent)}={span}: agent {agent!r} trains an adapter, and trainer "
+                                 "groups of adapter agents are not built yet; use 1 for it")
+        return self
+
+    @model_validator(mode="after")
     def _check_micro_batches(self) -> RunConfig:
         # A micro-batch holds whole GRPO groups (advantages are normalised within one): refuse a size the
         # pipeline would otherwise round, so that ``micro_batch_size`` means what it says (as TRL refuses

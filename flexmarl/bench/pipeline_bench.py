@@ -40,6 +40,10 @@ MODES: dict[str, list[str]] = {
     "stale1": ["run.mode=flexmarl", "run.max_staleness=1"],
     # flexmarl without cutting generation into micro-batch-sized batches (``rollout.micro_batch_generation``)
     "whole-batches": ["run.mode=flexmarl", "rollout.micro_batch_generation=false"],
+    # an agent's trainer may span two slots (a trainer group, data parallel): flexmarl, and the sync baseline
+    # given the same group training (the paper's baseline trained data-parallel too)
+    "flexmarl-group": ["run.mode=flexmarl", "training.max_slots=2"],
+    "sync-group": ["run.mode=sync", "rollout.load_balance=false", "training.max_slots=2"],
 }
 
 SMOLLM2 = "smollm2-135m-instruct"

@@ -30,6 +30,7 @@ class JobKind(Enum):
     SYNC = ("sync", 5, "sync")
     PARK = ("park", 5, "swap")
     MOVE_STATE = ("move", 0, "swap")
+    JOIN = ("join", 0, "swap")
     PREFETCH = ("prefetch", 20, "swap")
     SNAPSHOT = ("snapshot", 0, "snapshot")
     RESTORE = ("restore", 0, "swap")
@@ -42,7 +43,7 @@ class JobKind(Enum):
 
 # Jobs that run where the agent's trainer lives (a lost worker took them, and the trainer, with it).
 ON_TRAINER = frozenset({JobKind.TRAIN, JobKind.FINISH, JobKind.PARK, JobKind.SNAPSHOT})
-# The agent trains nothing until these are done.
+# The agent trains nothing until these are done (a joining rank only holds back its optimizer step).
 BLOCKING = frozenset({JobKind.FINISH, JobKind.SNAPSHOT, JobKind.MOVE_STATE, JobKind.RESTORE})
 
 
@@ -106,10 +107,14 @@ class Train(Job):
 
 @dataclass(frozen=True, eq=False)
 class Finish(Job):
-    """The optimizer step that ends ``step``'s update."""
+    """The optimizer step that ends ``step``'s update. With ``members`` (the ranks of the agent's trainer group,
+    its home first), one of the group's collective steps: one such job per member, all of formation
+    ``formation``, which stays while the members do."""
 
     kind: ClassVar[JobKind] = JobKind.FINISH
     step: int
+    members: tuple[str, ...] = ()
+    formation: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,6 +152,15 @@ class MoveState(Job):
     kind: ClassVar[JobKind] = JobKind.MOVE_STATE
     source: str
     prefetched: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Join(Job):
+    """``worker`` joins the agent's trainer group for its current step: it resumes what the agent's home
+    (``source``) parked, and the home keeps its trainer (and the step's gradient sum)."""
+
+    kind: ClassVar[JobKind] = JobKind.JOIN
+    source: str
 
 
 @dataclass(frozen=True, eq=False)

@@ -37,7 +37,7 @@ from flexmarl.orchestrator.records import (
     AgentFailed, PipelineEvent, PipelineResult, Span, StateMove, StepOpened, UpdateEvent, WeightSynced,
 )
 from flexmarl.orchestrator.commands import (
-    Cancel, CatchUp, Commit, Discard, Finish, Generate, GroupDone, Job, JobKind, MoveState, Park, Prefetch,
+    Cancel, CatchUp, Commit, Discard, Finish, Generate, GroupDone, Job, JobKind, Join, MoveState, Park, Prefetch,
     RecordUpdate, Replay, Restore, Snapshot, StartReplica, StepDone, Sync, Train, overdue,
 )
 from flexmarl.orchestrator.scheduler import Scheduler
@@ -47,7 +47,9 @@ from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
 from flexmarl.rollout.balancer import InterAgentBalancer
 from flexmarl.rollout.episodes import EpisodeGraph, request_seed
 from flexmarl.training import replay, slot, snapshots
+from flexmarl.training.group import Rendezvous, TrainerGroup
 from flexmarl.training.slot import StateResumed
+from flexmarl.training.trainer import UpdateResult
 from flexmarl.workloads.datasets import ProblemStream
 from storage.store import ExperienceStore
 
@@ -79,7 +81,7 @@ def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, replicas, engines
     for agent, spec in cfg.agents.items():
         trainer = cfg.trainer_config(agent)
         shapes[agent] = AgentShape(trainer.micro_batch_size, spec.sampling.max_new_tokens,
-                                   cfg.rollout.max_batch_size, trainer.advantage == "agent")
+                                   cfg.rollout.max_batch_size, trainer.advantage == "agent", trainer.max_slots)
     balancer = InterAgentBalancer(
         cfg.rollout.balance_threshold, cfg.rollout.balance_cooldown_s,
         min_replicas=1 if len(replicas) >= len(cfg.agents) else 0, lanes=cfg.cluster.threads_per_worker,
@@ -148,7 +150,8 @@ class PipelineRunner:
         self.parks: dict[str, Future] = {}  # agent -> the job writing its state
         self.prefetches: dict[str, Future] = {}  # agent -> the job reading its state ahead
         self.weights: dict[str, WeightsFetch] = {}  # agent -> the fetch of its new weights from its trainer
-        self.finished_steps: dict[str, object] = {}  # agent -> its last optimizer step's result
+        self.finished_steps: dict[str, list[UpdateResult]] = {}  # agent -> its last optimizer step's, per rank
+        self.rendezvous: Rendezvous | None = None  # the trainer groups' store, served once a group first forms
         self.finished: queue.Queue[Future | None] = queue.Queue()  # None: a group was scored
         self.spans: list[Span] = []
         self.updates: list[UpdateEvent] = []
@@ -206,6 +209,8 @@ class PipelineRunner:
                                             f"be fetched from {job.worker} within {RESULT_WAIT_S:.0f}s", TimeoutError)
                 continue
             except Exception:
+                if self._rank_lost(self.job_of[fut]):
+                    continue
                 with self._blame(self.job_of[fut]):  # the job's own error fails the run
                     raise
             self.last_progress = time.time()
@@ -287,6 +292,24 @@ class PipelineRunner:
                 what = sorted({f"{j.kind.label} {j.agent}" for j in self.sched.inflight})
                 raise TimeoutError(f"nothing finished within {self.timeout_s:.0f}s; waiting on {what}")
 
+    def _rank_lost(self, job: Job) -> bool:
+        """Did ``job``, a rank's part of a group's optimizer step, fail because another rank's worker was lost?
+
+        The collective fails on the live ranks as soon as a rank's process dies, often before the scheduler
+        reports the worker lost: the supervisor is asked until it has (the recovery then gives the step up
+        and redoes it) or ``RESULT_WAIT_S`` has passed (then the error is the job's own).
+        """
+        if not (isinstance(job, Finish) and job.members):
+            return False
+        deadline = time.time() + RESULT_WAIT_S
+        while time.time() < deadline:
+            self.supervisor.poll(force=True)
+            self._carry_out()
+            if self.futures.get(id(job)) is None:  # given up with the lost rank's group
+                return True
+            time.sleep(self.supervisor.poll_s / 4)
+        return False
+
     def _restart_hung(self, job: Job, why: str, error: type[Exception]) -> None:
         """Have the supervisor replace ``job``'s hung worker (raising ``error``, blamed on its agent, where it
         cannot); the wait for progress starts again."""
@@ -350,9 +373,9 @@ class PipelineRunner:
             stored = job.batch.stored
             return slot.accumulate, (key, self.store.spec, stored.version, list(stored.sample_ids), job.batch.step)
         if isinstance(job, Finish):
-            return slot.finish_step, (key,)
+            return slot.finish_step, (key, self._group(job))
         if isinstance(job, Snapshot):
-            version = self.finished_steps[agent].policy_version
+            version = self.finished_steps[agent][0].policy_version
             return snapshots.save_snapshot, (key, self.snapshot_root, version, options, job.background)
         if isinstance(job, Sync) and job.source is not None:
             fetch = self.weights.get(agent)
@@ -370,7 +393,10 @@ class PipelineRunner:
             after = self.prefetches.pop(agent, None) if job.prefetched else None
             return slot.resume, (key, *trainer, self._park_uri(agent), self.versions[agent],
                                  after or self.parks.get(agent))
+        if isinstance(job, Join):  # the home parked its state of the step's start; it keeps its own trainer
+            return slot.resume, (key, *trainer, self._park_uri(agent), self.versions[agent], self.parks.get(agent))
         if isinstance(job, Restore):
+            self.finished_steps.pop(agent, None)  # the rebuilt trainer redoes the step: its ranks' results too
             state = self.states.at(agent, job.version)
             return (replay.restore_at, (state,)) if state else (snapshots.restore_trainer, (key, *trainer, None, 0,
                                                                                             options))
@@ -380,6 +406,15 @@ class PipelineRunner:
                                            job.version, self.cfg.rollout, snapshots.weights_uri(state and state.uri),
                                            options, self.cfg.agents[agent].adapter)
         raise TypeError(f"no worker function for {job!r}")
+
+    def _group(self, job: Finish) -> TrainerGroup | None:
+        """What each rank of the job's trainer group needs to join it (None for a single slot)."""
+        if not job.members:
+            return None
+        if self.rendezvous is None:
+            self.rendezvous = Rendezvous(self.client.scheduler.address)
+        return TrainerGroup(f"{self.key(job.agent)}/{job.formation}", job.members, self.rendezvous.address,
+                            self.cfg.rollout.request_timeout_s)
 
     def _submit(self, job: Job) -> None:
         fn, args = self._call(job)
@@ -418,7 +453,7 @@ class PipelineRunner:
                 sched.node_done(request, self.collector.record(request, prompt_ids, res))
             return
         if isinstance(job, Finish):
-            self.finished_steps[job.agent] = value
+            self.finished_steps.setdefault(job.agent, []).append(value)
         elif isinstance(job, Sync) and value != job.version:
             raise WeightSyncError(f"replica {job.worker} of agent {job.agent!r} reports v{value} after a sync "
                                   f"to v{job.version}")
@@ -442,7 +477,7 @@ class PipelineRunner:
             sched.recovery.check_recovered(time.time())
 
     def _record_update(self, agent: str, step: int) -> None:
-        result = self.finished_steps.pop(agent)
+        result = UpdateResult.of_ranks(self.finished_steps.pop(agent))
         batches = self.sched.training.micro[(agent, step)]
         mean_reward, staleness, dropped = self.collector.update_stats(agent, step)
         metrics = {**result.metrics, "groups/dropped_zero_variance": float(dropped)}

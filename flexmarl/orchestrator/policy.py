@@ -30,6 +30,7 @@ class AgentShape:
     max_new_tokens: int  # the most one request generates
     batch_limit: int  # most requests in one generation batch
     agent_wise: bool = False  # ``advantage: agent``: the whole batch is normalised (and committed) together
+    max_slots: int = 1  # ``training.max_slots``: the most training slots its trainer group may span
 
 
 class TrainingDue(Enum):
@@ -45,7 +46,8 @@ class SchedulePolicy:
     steps: int
     pipeline: bool  # train micro-batches while the rest of the batch is generated
     max_staleness: dict[str, int]  # per agent: how many versions behind a sample's generator may be
-    queue_depth: int = 2  # micro-batches of one agent queued on its training slot at once
+    queue_depth: int = 2  # micro-batches of one agent queued on each slot of its trainer group at once
+    grow_at: int = 2  # micro-batches not yet sent, per slot the group holds, for it to take one more
     micro_batch_generation: bool = False  # pipelined: generation batches of one micro-batch (``batch_limit``)
 
     @property
@@ -98,23 +100,24 @@ class SchedulePolicy:
         return not self.layered or all(finished.get(k, 0) == needed[k] for k in range(layer))
 
     def training_due(
-        self, agent: str, step: int, complete: dict[str, set[int]], *, ready: bool, queued: int, all_trained: bool
+        self, agent: str, step: int, complete: dict[str, set[int]], *, ready: bool, queued: int, all_trained: bool,
+        ranks: int = 1,
     ) -> TrainingDue | None:
         """What ``agent``'s trainer should do next for ``step``, or nothing (None).
 
         A micro-batch: its oldest committed, unsubmitted one (``ready``). Up to ``queue_depth`` of them wait on
-        its slot (``queued``), so the slot never idles while the driver turns one around; gradients sum in
-        float64, so their order does not matter. The optimizer step: once the agent's whole batch is committed
-        and trained (``all_trained``).
+        each of its ``ranks`` slots (``queued`` in all), so a slot never idles while the driver turns one
+        around; gradients sum in float64, so their order (and rank) does not matter. The optimizer step: once
+        the agent's whole batch is committed and trained (``all_trained``).
         """
-        if ready and queued < self.queue_depth and self.may_train(agent, step, complete):
+        if ready and queued < self.queue_depth * ranks and self.may_train(agent, step, complete):
             return TrainingDue.MICRO_BATCH
         if step in complete[agent] and all_trained:
             return TrainingDue.OPTIMIZER_STEP
         return None
 
     def training_work(self, agent: str, step: int, batches: Sequence, complete: dict[str, set[int]], *,
-                      queued: int) -> tuple[float, object | None] | None:
+                      queued: int, ranks: int = 1) -> tuple[float, object | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
 
         ``batches`` are the agent's micro-batches of ``step`` (with ``committed``, ``submitted``, ``trained``
@@ -122,12 +125,23 @@ class SchedulePolicy:
         """
         ready = [m for m in batches if m.committed and not m.submitted]
         due = self.training_due(agent, step, complete, ready=bool(ready), queued=queued,
-                                all_trained=all(m.trained for m in batches))
+                                all_trained=all(m.trained for m in batches), ranks=ranks)
         if due is TrainingDue.MICRO_BATCH:
             return ready[0].committed_at, ready[0]
         if due is TrainingDue.OPTIMIZER_STEP:
             return max(m.committed_at for m in batches), None
         return None
+
+    def grows(self, unsent: int, ranks: int, max_slots: int) -> bool:
+        """May an agent whose trainer group holds ``ranks`` slots take an idle one more for its current step?
+
+        Only where the step still has ``grow_at`` micro-batches per slot it holds that were not sent to a rank
+        (``unsent``, committed or not): a rank that joins costs a copy of the state unless it holds one, and
+        the group keeps its slots until the step's optimizer step (its gradient sum cannot be handed over
+        sooner), so a slot taken for one micro-batch would mostly wait. The group shrinks at the step's end:
+        its slots are free again, and agents waiting for one bind first.
+        """
+        return ranks < max_slots and unsent >= self.grow_at * ranks
 
     @staticmethod
     def pick_slot(free: Sequence[str], *preferred: str | None) -> str:

@@ -29,7 +29,7 @@ from flexmarl.orchestrator.rollout_queues import RolloutQueues
 from flexmarl.orchestrator.training_bindings import TrainingBindings
 
 # given up with a lost trainer: what runs on it, moves and rebuilds of it, and syncs of weights from its memory
-_OF_TRAINER = ON_TRAINER | {JobKind.MOVE_STATE, JobKind.RESTORE, JobKind.SYNC}
+_OF_TRAINER = ON_TRAINER | {JobKind.MOVE_STATE, JobKind.JOIN, JobKind.RESTORE, JobKind.SYNC}
 
 
 class RecoveryPlanner:
@@ -86,7 +86,7 @@ class RecoveryPlanner:
         self._open.append(len(self.recoveries))
         self.recoveries.append(recovery)
         self.told.append(recovery)
-        lost_trainers = {a for a in self.agents if self.training.location[a] in lost}
+        lost_trainers = {a for a in self.agents if self.training.location[a] in lost} | self.training.groups_hit(lost)
         for job in self.inflight:
             if job.worker not in lost:
                 continue
@@ -103,16 +103,17 @@ class RecoveryPlanner:
             for agent in self.pending_replicas.pop(worker, []):  # replicas that waited for engines there
                 self.lost_replicas[agent] += 1
         for agent in sorted(lost_trainers):
-            self._lose_trainer(agent)
+            self._lose_trainer(agent, lost)
         for agent in self.agents:
             self.training.unblock_if_idle(agent, restoring=agent in self.restores)
         self.touch()
 
-    def _lose_trainer(self, agent: str) -> None:
-        """Give up everything the agent's trainer was doing; it is rebuilt at the version the store records."""
+    def _lose_trainer(self, agent: str, lost: set[str]) -> None:
+        """Give up everything the agent's trainer (each rank of its group) was doing; it is rebuilt at the version
+        the store records."""
         for job in self.inflight.of(agent, *_OF_TRAINER):
             self._give_up(job)
-        self.restores[agent] = self.training.lose_trainer(agent)
+        self.restores[agent] = self.training.lose_trainer(agent, lost)
 
     # ------------------------------------------------------------------ rebuilding
 

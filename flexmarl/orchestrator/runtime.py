@@ -28,7 +28,7 @@ from flexmarl.orchestrator.pipeline import PipelineRunner, StopFlag
 from flexmarl.orchestrator.records import PipelineEvent, PipelineResult
 from flexmarl.orchestrator.policy import SchedulePolicy, deal_replicas
 from flexmarl.rollout import replica
-from flexmarl.training import replay, slot, snapshots
+from flexmarl.training import group, replay, slot, snapshots
 from flexmarl.workloads.datasets import problem_stream
 from flexmarl.run.layout import CHECKPOINTS_DIR, CONFIG_FILE, STATE_DIR
 from flexmarl.run.plan import attempts
@@ -265,7 +265,7 @@ def free_engines(client: Client, run_id: str, timeout_s: float) -> None:
     """Free the engines of run ``run_id`` on every worker; logs, and never raises, when it cannot."""
     try:
         # prefetch: states read ahead but never resumed; write: the record of a background state write
-        for kind in ("replica", "trainer", "prefetch", snapshots.WRITES):
+        for kind in ("replica", "trainer", "prefetch", group.GROUP, snapshots.WRITES):
             client.run(release, f"{kind}:{run_id}/", callback_timeout=timeout_s)
     except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
         log.warning("could not free the engines of run %s within %.0fs: %s", run_id, timeout_s, exc)

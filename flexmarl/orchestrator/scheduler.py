@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from flexmarl.meg.graph import ExpandedGraph, sample_id
 from flexmarl.orchestrator.commands import (
-    Finish, Generate, GroupDone, InFlight, Job, JobKind, MicroBatch, MoveState, Replay, Request, Snapshot,
+    Finish, Generate, GroupDone, InFlight, Job, JobKind, Join, MicroBatch, MoveState, Replay, Request, Snapshot,
     StepDone, StoredBatch, Sync, Train,
 )
 from flexmarl.orchestrator.policy import AgentShape, SchedulePolicy, micro_batch_of
@@ -100,7 +100,8 @@ class Scheduler:
         self.training = TrainingBindings(
             agents=self.agents, policy=policy, slots=slots, location=location, versions=versions,
             agent_wise={a for a, shape in agents.items() if shape.agent_wise}, inflight=self.inflight,
-            emit=self._emit, snapshot_every=snapshot_every, memo=memo)
+            emit=self._emit, snapshot_every=snapshot_every, memo=memo,
+            max_slots={a: shape.max_slots for a, shape in agents.items()})
         self.recovery = RecoveryPlanner(agents=self.agents, rollout=self.rollout, training=self.training,
                                         inflight=self.inflight, emit=self._emit, touch=self.touch,
                                         balanced=balancer is not None)
@@ -238,6 +239,8 @@ class Scheduler:
             self.rollout.touch([job.agent])
         elif isinstance(job, MoveState):
             self.training.state_moved(job)
+        elif isinstance(job, Join):
+            self.training.joined(job)
         elif job.kind is not JobKind.PARK:
             self.recovery.done(job, value)
         return True

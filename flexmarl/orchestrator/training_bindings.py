@@ -7,6 +7,13 @@ waited longest first, preferring the slot its state was prefetched to, then the 
 elsewhere its state moves there first (parked by one worker, resumed by the other). Agents still waiting get
 their states prefetched to the slots likely to free next.
 
+Trainer groups (``training.max_slots`` > 1): once no agent waits for a slot, a bound agent with enough of its
+step left (``SchedulePolicy.grows``) takes an idle slot more. That rank joins its group (``Join``: it resumes the
+state the agent's home parks, unless it still holds a copy at the agent's version), trains whole micro-batches
+of the step (each goes to the rank with the fewest queued), and the optimizer step is one ``Finish`` per rank,
+a collective. The group keeps its slots until then; every rank then holds the new weights, so a rank that
+trains the agent's next step too needs no copy, and the copies of ranks left out go stale and are dropped.
+
 ``TrainingBindings`` is part of ``Scheduler`` (``scheduler.py``), which reports commits, finished jobs and
 recorded updates; recovery (``recovery.py``) loses and restores trainers through the named operations below.
 Commands go out through the scheduler's ``emit``. An agent's training work changes only with its own state (or
@@ -19,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from flexmarl.orchestrator.commands import (
-    BLOCKING, Commit, Discard, Finish, InFlight, MicroBatch, MoveState, Park, Prefetch, RecordUpdate, Snapshot,
-    StoredBatch, Train,
+    BLOCKING, Commit, Discard, Finish, InFlight, Join, MicroBatch, MoveState, Park, Prefetch, RecordUpdate,
+    Snapshot, StoredBatch, Train,
 )
 from flexmarl.orchestrator.policy import SchedulePolicy
 
@@ -32,7 +39,7 @@ class TrainingBindings:
         agents: the agents.
         policy: the schedule's decisions.
         slots: the training workers; agents bind them on demand.
-        location: per agent, the worker holding its trainer.
+        location: per agent, the worker holding its trainer (its home: rank 0 of its group).
         versions: per agent, the starting policy version.
         agent_wise: the agents whose advantages are normalised over the whole batch (committed together).
         inflight: the scheduler's ledger of jobs (read: whether an agent's blocking jobs are done).
@@ -40,18 +47,27 @@ class TrainingBindings:
         snapshot_every: write an agent's training state after every k-th update (versions k, 2k, ... and the
             last), before it is recorded; 0: never.
         memo: keep the memo of each agent's training work (see the module docstring).
+        max_slots: per agent, the most slots its trainer group may span (1 when not named).
     """
 
     def __init__(self, *, agents: Sequence[str], policy: SchedulePolicy, slots: Sequence[str],
                  location: dict[str, str], versions: dict[str, int], agent_wise: set[str], inflight: InFlight,
-                 emit: Callable[[object], None], snapshot_every: int = 0, memo: bool = True) -> None:
+                 emit: Callable[[object], None], snapshot_every: int = 0, memo: bool = True,
+                 max_slots: dict[str, int] | None = None) -> None:
         self.agents, self.policy, self.inflight, self.emit = list(agents), policy, inflight, emit
         self.agent_wise = agent_wise
         self.snapshot_every, self.memo = snapshot_every, memo
         self.slots = sorted(set(slots))
         self.location = dict(location)
         self.versions = dict(versions)
-        self.bound: dict[str, str | None] = {}  # agent -> the slot it holds for its current step
+        self.max_slots = {a: (max_slots or {}).get(a, 1) for a in self.agents}
+        self.bound: dict[str, tuple[str, ...]] = {}  # agent -> its group's slots for its current step, home first
+        self.copies: dict[str, dict[str, int]] = {a: {} for a in self.agents}  # other workers' trainers: version
+        self.joining: dict[str, set[str]] = {a: set() for a in self.agents}  # ranks loading the state (``Join``)
+        self.on_rank: dict[str, dict[str, int]] = {a: {} for a in self.agents}  # micro-batches queued per rank
+        self.finishing = {a: 0 for a in self.agents}  # ranks whose optimizer step is still running
+        self.formations: dict[str, tuple[tuple[str, ...], int]] = {}  # agent -> (group members, formation)
+        self._formed = 0
         self.parked: set[str] = set()  # agents whose state has a parked copy (or a park under way)
         self.prefetched: dict[str, str] = {}  # agent -> the slot reading its state ahead
         self.micro: dict[tuple[str, int], list[MicroBatch]] = {}
@@ -103,24 +119,59 @@ class TrainingBindings:
         self._work_stale.clear()
         work = {a: w for a in self.agents if (w := self._work[a])}
         for agent, (_, mb) in sorted(work.items()):
-            bound = self.bound.get(agent)
-            if bound is not None:
-                self._run_training(agent, bound, mb)
-        free = [w for w in self.slots if w not in self.bound.values()]
-        waiting = {a: w for a, w in work.items() if self.bound.get(a) is None}
+            if self.bound.get(agent):
+                self._run_training(agent, mb)
+        taken = {w for members in self.bound.values() for w in members}
+        free = [w for w in self.slots if w not in taken]
+        waiting = {a: w for a, w in work.items() if not self.bound.get(a)}
         while free and waiting:
             agent = self.policy.pick_agent({a: w[0] for a, w in waiting.items()})
             _, mb = waiting.pop(agent)
-            target = self.policy.pick_slot(free, self.prefetched.get(agent), self.location[agent])
+            fresh = self._fresh(agent)
+            target = self.policy.pick_slot(free, self.prefetched.get(agent), self.location[agent], *fresh)
             free.remove(target)
-            self.bound[agent] = target
-            if target == self.location[agent]:
+            self.bound[agent] = (target,)
+            if target == self.location[agent] or target in fresh:
+                if target != self.location[agent]:
+                    self._rehome(agent, target)
                 self._stay(agent)
-                self._run_training(agent, target, mb)
+                self._run_training(agent, mb)
             else:
                 self._move_state(agent, target)
         if waiting:
             self._prefetch_states(waiting)
+        else:
+            self._grow(free)
+
+    def _fresh(self, agent: str) -> list[str]:
+        """Workers besides the agent's home whose trainer copy is at its version (and not in a step)."""
+        version = self.versions[agent]
+        return sorted(w for w, v in self.copies[agent].items() if v == version and w not in self.joining[agent])
+
+    def _rehome(self, agent: str, worker: str) -> None:
+        """The agent's home becomes ``worker``, which holds a copy at its version; the old home keeps its own."""
+        del self.copies[agent][worker]
+        self.copies[agent][self.location[agent]] = self.versions[agent]
+        self.location[agent] = worker
+
+    def _grow(self, free: list[str]) -> None:
+        """No agent waits for a slot: give idle slots to the bound agents with the most of their step unsent
+        (``SchedulePolicy.grows``), one slot per agent per turn."""
+        unsent = {a: sum(not m.submitted for m in self.micro.get((a, self.versions[a]), []))
+                  for a, members in self.bound.items() if members and not self.blocked[a]}
+        for agent in sorted(unsent, key=lambda a: (-unsent[a], a)):
+            members = self.bound[agent]
+            if not free or not self.policy.grows(unsent[agent], len(members), self.max_slots[agent]):
+                continue
+            fresh = self._fresh(agent)
+            target = self.policy.pick_slot(free, *fresh)
+            free.remove(target)
+            self.bound[agent] = (*members, target)
+            self._work_stale.add(agent)
+            if target not in fresh:
+                self._park(agent)
+                self.joining[agent].add(target)
+                self.emit(Join(agent, target, self.location[agent]))
 
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
@@ -130,14 +181,18 @@ class TrainingBindings:
         step = self.versions[agent]  # the update to step + 1 consumes step's batch
         if self.blocked[agent] or (agent, step) not in self.micro:
             return None
-        return self.policy.training_work(agent, step, self.micro[(agent, step)], self.complete,
-                                         queued=self.queued[agent])
+        ranks = len(self.bound.get(agent, ())) - len(self.joining[agent])
+        work = self.policy.training_work(agent, step, self.micro[(agent, step)], self.complete,
+                                         queued=self.queued[agent], ranks=max(ranks, 1))
+        if work is not None and work[1] is None and self.joining[agent]:
+            return None  # the optimizer step is every rank's: it waits for the ranks still joining
+        return work
 
     def _slots_by_release(self) -> list[str]:
         """Bound slots, the one likely to free first first: its agent has the fewest micro-batches left."""
         left = {}
-        for agent, worker in self.bound.items():
-            if worker is not None:
+        for agent, members in self.bound.items():
+            for worker in members:
                 left[worker] = sum(not m.trained for m in self.micro.get((agent, self.versions[agent]), []))
         return sorted(left, key=lambda w: (left[w], w))
 
@@ -180,15 +235,29 @@ class TrainingBindings:
         if prefetched is not None:
             self.emit(Discard(agent, prefetched))
 
-    def _run_training(self, agent: str, worker: str, mb: MicroBatch | None) -> None:
+    def _run_training(self, agent: str, mb: MicroBatch | None) -> None:
+        """Send ``mb`` to the rank of the agent's group with the fewest queued (ties: in rank order), or the
+        optimizer step (None) to every rank."""
         self._work_stale.add(agent)
+        members = self.bound[agent]
         if mb is not None:
+            queued = self.on_rank[agent]
+            worker = min((w for w in members if w not in self.joining[agent]), key=lambda w: queued.get(w, 0))
             mb.submitted = True
             self.queued[agent] += 1
+            queued[worker] = queued.get(worker, 0) + 1
             self.emit(Train(agent, worker, mb))
-        else:
-            self.blocked[agent] = True
-            self.emit(Finish(agent, worker, self.versions[agent]))
+            return
+        self.blocked[agent] = True
+        self.finishing[agent] = len(members)
+        if len(members) == 1:
+            self.emit(Finish(agent, members[0], self.versions[agent]))
+            return
+        if self.formations.get(agent, ((), 0))[0] != members:
+            self._formed += 1
+            self.formations[agent] = (members, self._formed)
+        for worker in members:
+            self.emit(Finish(agent, worker, self.versions[agent], members, self.formations[agent][1]))
 
     def _move_state(self, agent: str, target: str) -> None:
         """Move the agent's state to ``target``: parked by its old worker (unless it already is), read by
@@ -206,14 +275,33 @@ class TrainingBindings:
     def trained(self, job: Train) -> None:
         job.batch.trained = True
         self.queued[job.agent] -= 1
+        self.on_rank[job.agent][job.worker] -= 1
+        self._work_stale.add(job.agent)
+
+    def joined(self, job: Join) -> None:
+        """A rank holds the agent's state of its step's start and may train its micro-batches."""
+        self.joining[job.agent].discard(job.worker)
+        self.copies[job.agent][job.worker] = self.versions[job.agent]
         self._work_stale.add(job.agent)
 
     def step_finished(self, job: Finish) -> None:
-        """The optimizer step is done: the slot is free at once; the agent stays blocked until its replicas have
-        the weights. Its state is written first on snapshot versions, then the update is recorded."""
-        self.bound[job.agent] = None
-        self._work_stale.add(job.agent)
+        """The optimizer step is done on every rank: the slots are free at once; the agent stays blocked until its
+        replicas have the weights. Its state is written first on snapshot versions, then the update is recorded.
+        The group's other ranks hold the new weights too; copies elsewhere are stale and dropped."""
+        agent = job.agent
+        self.finishing[agent] -= 1
+        if self.finishing[agent] > 0:
+            return
+        members = self.bound.pop(agent)
+        self._work_stale.add(agent)
         version = job.step + 1
+        for worker in sorted(self.copies[agent]):
+            if worker in members:
+                self.copies[agent][worker] = version
+            else:
+                del self.copies[agent][worker]
+                self.emit(Discard(agent, worker, trainer=True))
+        self.parked.discard(agent)  # a copy of the step's start, parked for a joining rank
         if self.snapshot_every and (version % self.snapshot_every == 0 or version == self.policy.steps):
             # copied before the update is recorded; other versions are rebuilt from it by replay when needed. The
             # last is written before the run may end; the others are written while the worker works on
@@ -242,7 +330,11 @@ class TrainingBindings:
         self._work_stale.add(agent)
 
     def state_moved(self, job: MoveState) -> None:
-        self.emit(Discard(job.agent, job.source, trainer=True))  # before any later move back there
+        if self.max_slots[job.agent] > 1:  # the old home's trainer is a copy at the agent's version: a rank to be
+            self.copies[job.agent][job.source] = self.versions[job.agent]
+        else:
+            self.emit(Discard(job.agent, job.source, trainer=True))  # before any later move back there
+        self.copies[job.agent].pop(job.worker, None)
         self.location[job.agent] = job.worker
         self.blocked[job.agent] = False
         self.parked.discard(job.agent)
@@ -261,27 +353,43 @@ class TrainingBindings:
 
     def workers(self) -> set[str]:
         """Training slots and the workers holding a trainer."""
-        return set(self.slots) | set(self.location.values())
+        return set(self.slots) | set(self.location.values()) | {w for c in self.copies.values() for w in c}
+
+    def groups_hit(self, lost: set[str]) -> set[str]:
+        """The agents whose trainer group for the current step has a rank on a ``lost`` worker: the step's
+        gradient sum is spread over the ranks, so the whole step is redone, as for a lost home."""
+        return {a for a, members in self.bound.items() if set(members) & lost}
 
     def lose_workers(self, lost: set[str]) -> None:
-        """Forget ``lost`` slots and what was prefetched to them; a move to one is given up (the trainer is still
-        where it was)."""
+        """Forget ``lost`` slots, the trainer copies and what was prefetched there; a move to one is given up (the
+        trainer is still where it was)."""
         for agent in self.agents:
-            if self.bound.get(agent) in lost:
-                self.bound[agent] = None
+            if self.bound.get(agent) and self.bound[agent][0] in lost:
+                self.bound[agent] = ()
+            for worker in lost:
+                self.copies[agent].pop(worker, None)
         self.prefetched = {a: w for a, w in self.prefetched.items() if w not in lost}
         self.slots = [w for w in self.slots if w not in lost]
 
-    def lose_trainer(self, agent: str) -> int:
-        """Everything the agent's trainer was doing is gone: its step is trained again from its start, once the
-        trainer is rebuilt at the version the store records (returned)."""
+    def lose_trainer(self, agent: str, lost: set[str]) -> int:
+        """Everything the agent's trainer was doing is gone (``lost``: the workers that took it): its step is
+        trained again from its start, once the trainer is rebuilt at the version the store records (returned).
+        What the group's live ranks hold of the step is dropped: the home's trainer too, where it lives on."""
         self.pending_syncs[agent] = 0
         version = self.versions[agent]
         for mb in self.micro.get((agent, version), []):  # the step is trained again, on the state of its start
             if mb.committed and mb.trainable:
                 mb.submitted = mb.trained = False
         self.queued[agent] = 0
-        self.bound[agent] = None
+        self.bound[agent] = ()
+        self.on_rank[agent].clear()
+        self.joining[agent].clear()
+        self.finishing[agent] = 0
+        self.formations.pop(agent, None)
+        live = sorted(self.copies[agent]) + ([self.location[agent]] if self.location[agent] not in lost else [])
+        for worker in live:  # mid-step, or past the version the store records
+            self.emit(Discard(agent, worker, trainer=True))
+        self.copies[agent].clear()
         self.blocked[agent] = True
         self.parked.discard(agent)  # written by the lost trainer, maybe only in part
         prefetched = self.prefetched.pop(agent, None)

@@ -92,8 +92,29 @@ class TrainerConfig(Strict):
     the dropped samples' KL term is lost too. Off by default, as in TRL and verl (DAPO turns it on): it
     changes the effective batch size and so the step size tuned for a preset."""
 
+    max_slots: int = Field(1, ge=1)
+    """The most training slots one agent's trainer may span: a trainer group, data parallel (every rank holds a
+    whole copy of the agent's state, trains whole micro-batches of its step, and the gradient sums are
+    all-reduced at the optimizer step, so every rank takes the same step). The scheduler grows an agent's
+    group into idle slots while its step has work for them and no other agent waits for a slot, and frees
+    them at the step's end. 1: one slot per agent. Above ``training.slots`` is refused."""
+    sharding: Literal["none", "optimizer", "full"] = "none"
+    """How a trainer group's ranks divide the agent's state: 'none' (data parallel: each rank a whole copy).
+    'optimizer' (each rank a share of the Adam moments, ZeRO-1) and 'full' (FSDP2 ``fully_shard``: weights,
+    gradients and moments in shares) are not built yet and are refused."""
+
     adapter: AdapterConfig | None = None
     """Set from ``agents.<name>.adapter`` (the one place to write it): train a LoRA adapter, not the whole model."""
+
+    @field_validator("sharding", mode="before")
+    @classmethod
+    def _no_shards_yet(cls, value: object) -> object:
+        if value in ("optimizer", "full"):
+            raise ValueError(
+                f"{value!r} is not built yet: a trainer group's ranks each hold the agent's whole state; use "
+                "'none' (data parallel over training.max_slots slots)"
+            )
+        return value
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

@@ -70,8 +70,11 @@ class Rendezvous:
         return f"{self.host}:{self.store.port}"
 
 
+GROUP = "group"  # the registry's kind of a worker's rank of a group (``free_engines`` releases them too)
+
+
 def _group_key(key: EngineKey) -> str:
-    return f"group:{key}"
+    return f"{GROUP}:{key}"
 
 
 def process_group(key: EngineKey, group: TrainerGroup) -> dist.ProcessGroup:

@@ -93,6 +93,16 @@ class UpdateResult:
     # An empty update (nothing to train: consumed_ids == [], metrics micro_batches 0) is not skipped: it had
     # nothing to skip, and it leaves the weights untouched too.
 
+    @classmethod
+    def of_ranks(cls, results: list[UpdateResult]) -> UpdateResult:
+        """The update of a trainer group, from its ranks' results: each rank reports the samples it consumed,
+        and the group's version, tokens and metrics (the same on every rank)."""
+        first = results[0]
+        consumed = sorted(i for r in results for i in r.consumed_ids)
+        return cls(first.agent, first.policy_version, consumed, first.num_tokens,
+                   {**first.metrics, "ranks": float(len(results)),
+                    "ranks_trained": float(sum(bool(r.consumed_ids) for r in results))}, first.skipped)
+
 
 class AcceleratorConflict(RuntimeError):
     """A second, different accelerate configuration was asked for in a process that already has one."""

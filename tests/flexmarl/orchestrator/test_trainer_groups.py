@@ -1,0 +1,106 @@
+"""Trainer groups decided by the scheduler alone (scripted events, no cluster): when an agent's trainer grows into
+idle slots, which rank trains what, the collective optimizer step, copies kept and dropped, and a lost rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from flexmarl.orchestrator.commands import Discard, Finish, Join, JobKind, Park, Restore, Train
+from flexmarl.orchestrator.records import Recovery
+
+from .test_recovery import advance
+
+AGENTS = ("planner", "solver", "judge")
+
+
+def finishes(s) -> list[Finish]:
+    return [c for c in s.log if isinstance(c, Finish)]
+
+
+@pytest.mark.parametrize("mode", ["flexmarl", "sync"])
+@pytest.mark.parametrize("seed", range(4))
+def test_with_groups_every_micro_batch_is_trained_once_and_each_step_is_one_collective(scheduler, script, mode,
+                                                                                      seed) -> None:
+    s = script(scheduler(mode, steps=3, queries=8, slots=("t0", "t1", "t2", "t3", "t4"), max_slots=3))
+    s.run(seed)
+    assert s.s.versions == {a: 3 for a in AGENTS}
+    assert sorted(s.trained) == sorted((a, step, i) for a in AGENTS for step in range(3) for i in range(8))
+    steps: dict[tuple[str, int], list[Finish]] = {}
+    for f in finishes(s):
+        steps.setdefault((f.agent, f.step), []).append(f)
+    assert len(steps) == 9
+    for ranks in steps.values():  # one Finish per rank, all of one formation, on the members it names
+        assert len(ranks) == max(len(ranks[0].members), 1)
+        assert sorted(f.worker for f in ranks) == sorted(ranks[0].members or [ranks[0].worker])
+        assert len({f.formation for f in ranks}) == 1
+    assert any(len(r[0].members) > 1 for r in steps.values())  # some agent's step did spread
+    trains = {(t.agent, t.batch.step): set() for t in s.log if isinstance(t, Train)}
+    for t in s.log:
+        if isinstance(t, Train):
+            trains[(t.agent, t.batch.step)].add(t.worker)
+    for key, ranks in steps.items():  # micro-batches went only to the step's ranks
+        assert trains[key] <= set(ranks[0].members or [ranks[0].worker])
+
+
+def test_a_bound_agent_grows_into_an_idle_slot_its_home_parks_for_and_trains_there_once_joined(scheduler,
+                                                                                               script) -> None:
+    s = script(scheduler("flexmarl", queries=8, group=1, micro=1, slots=("t0", "t1", "t2", "t3", "t4"),
+                         max_slots=2, location={"planner": "t0", "solver": "t1", "judge": "t2"}))
+    advance(s, lambda s: s.jobs(JobKind.TRAIN, "planner"))
+    (join,) = [c for c in s.log if isinstance(c, Join) and c.agent == "planner"]
+    assert join.source == "t0" and join.worker in ("t3", "t4")  # an idle slot, not another agent's home
+    assert [(p.agent, p.worker) for p in s.log if isinstance(p, Park) and p.agent == "planner"] == [("planner", "t0")]
+    assert s.s.training.bound["planner"] == ("t0", join.worker)
+    assert {t.worker for t in s.jobs(JobKind.TRAIN, "planner")} == {"t0"}  # not on a rank still joining
+    for _ in range(20):
+        if not s.s.training.joining["planner"]:
+            break
+        s.finish(next(j for j in s.running if isinstance(j, (Park, Join)) and j.agent == "planner"))
+    advance(s, lambda s: any(t.worker == join.worker for t in s.jobs(JobKind.TRAIN, "planner")))
+
+
+def test_no_growth_while_an_agent_waits_for_a_slot_nor_past_max_slots(scheduler, script) -> None:
+    s = script(scheduler("sync", queries=8, slots=("t0", "t1"), max_slots=2))
+    advance(s, lambda s: s.jobs(JobKind.TRAIN))
+    # sync: three agents' whole batches at once on two slots: each bound agent keeps one slot, the third waits
+    assert not [c for c in s.log if isinstance(c, Join)]
+    assert sorted(len(m) for m in s.s.training.bound.values() if m) == [1, 1]
+    single = script(scheduler("sync", queries=8, slots=("t0", "t1", "t2"), max_slots=1))
+    single.run(0)
+    assert not [c for c in single.log if isinstance(c, Join)] and all(not f.members for f in finishes(single))
+
+
+def test_a_group_s_ranks_keep_fresh_copies_and_copies_left_out_are_dropped(scheduler, script) -> None:
+    s = script(scheduler("sync", steps=3, queries=8, slots=("t0", "t1", "t2", "t3", "t4"), max_slots=3))
+    s.run(1)
+    training = s.s.training
+    for agent in AGENTS:  # whatever is left: the home and copies at the agent's final version
+        assert all(v == 3 for v in training.copies[agent].values())
+    dropped = [c for c in s.log if isinstance(c, Discard) and c.trainer]
+    joins = [c for c in s.log if isinstance(c, Join)]
+    grouped = [f for f in finishes(s) if f.members]
+    # a rank that trained an agent's step before holds its weights: it rejoins without a Join when it can
+    assert len(joins) < len({(f.agent, f.step, f.worker) for f in grouped if f.worker != f.members[0]})
+    assert all(d.worker != s.s.training.location[d.agent] for d in dropped)
+
+
+def test_a_lost_rank_gives_up_the_group_s_step_and_the_trainer_is_rebuilt(scheduler, script) -> None:
+    s = script(scheduler("flexmarl", steps=2, queries=8, group=1, micro=1, slots=("t0", "t1", "t2", "t3", "t4"),
+                         max_slots=2, snapshot_every=1, location={"planner": "t0", "solver": "t1", "judge": "t2"}))
+    advance(s, lambda s: any(t.worker != "t0" for t in s.jobs(JobKind.TRAIN, "planner")))
+    rank = next(t.worker for t in s.jobs(JobKind.TRAIN, "planner") if t.worker != "t0")
+    step = s.s.versions["planner"]
+    s.s.recovery.lost({rank}, Recovery((rank,), "lost", 0.0))
+    s.carry_out()
+    assert not [t for t in s.running if t.agent == "planner" and t.kind in (JobKind.TRAIN, JobKind.FINISH)]
+    assert s.s.recovery.restores["planner"] == step  # the step's gradient was spread over t0 and the rank: redone
+    assert any(isinstance(c, Discard) and c.trainer and c.worker == "t0" for c in s.log)  # the live home's too
+    assert not s.s.training.bound.get("planner")
+    live = [w for w in ("t0", "t1", "t2", "t3", "t4") if w != rank]
+    s.s.recovery.rebuild(["r0", "r1"], live, slot_limit=None, replicas_per_worker=2)
+    s.carry_out()
+    assert len([t for t in s.running if isinstance(t, Restore) and t.agent == "planner"]) == 1
+    s.run(0)
+    assert s.s.versions == {a: 2 for a in AGENTS}
+    redone = [x for x in s.trained if x[0] == "planner" and x[1] == step]
+    assert sorted(set(redone)) == [("planner", step, i) for i in range(8)]

@@ -12,7 +12,10 @@ Costs are per device, so that one table serves any layout:
 - prefill: prompt tokens/s per device;
 - training: tokens (prompt + response) per second per device, forward and backward;
 - state: weights plus optimizer state, which a swap moves between device and host at ``swap_gb_per_s``;
-- weight sync: seconds for one rollout engine to receive and load new weights.
+- weight sync: seconds for one rollout engine to receive and load new weights;
+- trainer groups (data parallel over several training slots): each rank trains whole micro-batches at the
+  training rate of its own slot, and the optimizer step adds a ring all-reduce of the gradients between the
+  ranks over ``link_gb_per_s``.
 
 Example:
     >>> preset = load_preset("paper-ma")
@@ -64,6 +67,13 @@ class ModelCost(Strict):
     """Training state in GB: weights plus optimizer state (what a swap or a move carries)."""
     weight_sync_s: float = Field(ge=0)
     """Seconds one rollout engine is busy receiving and loading a new version."""
+
+    @property
+    def gradient_gb(self) -> float:
+        """GB of gradients a trainer group's ranks all-reduce at each optimizer step: the size of the weights,
+        assuming gradients are reduced in the weights' dtype (bf16 in the shipped presets, as their
+        ``optimizer_step_s`` assumes for the all-reduce within a slot)."""
+        return self.weights_gb
 
     @model_validator(mode="after")
     def _check_curve(self) -> ModelCost:
@@ -146,6 +156,10 @@ class ClusterCost(Strict):
     """Host <-> device bandwidth of one training slot for an agent's state; null: no cost (CPU workers)."""
     move_gb_per_s: float = Field(gt=0)
     """Bandwidth of moving an agent's training state from one slot to another (park there, resume here)."""
+    link_gb_per_s: float = Field(25.0, gt=0)
+    """Bandwidth of the link between training slots that a trainer group's ranks all-reduce their gradients
+    over. The default, 25 GB/s, is one 200 Gb/s RoCE link: the rate the shipped presets assume for weight syncs
+    and for the all-reduce within a slot."""
     layout: Layout
     """Where rollout and training run in the flexmarl modes."""
     sync_layout: Layout | None = None

@@ -7,7 +7,9 @@ code, so a change there changes the simulation. This module only decides how lon
 finish: a worker (a device group) runs its jobs highest priority first, ``lanes`` at a time (a Dask worker:
 one; a continuous-batching rollout engine: one per replica); each job's duration comes from the cost
 model (``costmodel.py``): a generation batch from the decode curve and the sampled response lengths, a
-micro-batch from its tokens, a swap, move or prefetch from the state size, a sync from the model's sync time.
+micro-batch from its tokens, a swap, move, join or prefetch from the state size, a sync from the model's sync
+time. A trainer group's optimizer step (one ``Finish`` per rank) is a collective: each rank holds its worker
+from its start, and every rank ends together, when the last one has stepped and the gradients are all-reduced.
 Nothing is tokenised, generated or trained.
 """
 
@@ -19,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from flexmarl.orchestrator.commands import (
-    Commit, Discard, Finish, Generate, GroupDone, Job, JobKind, MoveState, Park, Prefetch, RecordUpdate, Request,
-    StepDone, Sync, Train,
+    Commit, Discard, Finish, Generate, GroupDone, Job, JobKind, Join, MoveState, Park, Prefetch, RecordUpdate,
+    Request, StepDone, Sync, Train,
 )
 from flexmarl.orchestrator.policy import AgentShape, SchedulePolicy, deal_replicas
 from flexmarl.orchestrator.scheduler import Scheduler
@@ -36,7 +38,9 @@ class Running:
     """A scheduler job on the simulated clock."""
 
     job: Job
-    duration: float = 0.0  # known at submission for generate, train, finish and sync; at start for the others
+    # known at submission for generate, train, finish and sync (a group's finish: once its last rank starts); at
+    # start for the others
+    duration: float = 0.0
     start: float = 0.0
     swap_s: float = 0.0  # the part spent bringing the agent's state onto the devices
     ends: np.ndarray | None = None  # continuous batching: when each request's sequence ends, from the start
@@ -112,7 +116,8 @@ class Simulation:
         }
         # one replica's batch is split over the worker's data-parallel copies, so it may be that many times larger
         shapes = {a: AgentShape(wl.micro_batch_size, preset.agents[a].response.max,
-                                wl.max_batch_size * max(1, self.subreplicas[a])) for a in self.agents}
+                                wl.max_batch_size * max(1, self.subreplicas[a]), max_slots=m.max_slots)
+                  for a in self.agents}
         balancer = InterAgentBalancer(
             wl.balance_threshold, wl.balance_cooldown_s,
             min_replicas=1 if len(replicas) >= len(self.agents) else 0, lanes=lanes,
@@ -132,7 +137,8 @@ class Simulation:
         self.lengths: dict[int, dict[str, np.ndarray]] = {}  # step -> node -> response length per episode
         self.prompts: dict[int, dict[str, np.ndarray]] = {}  # step -> node -> prompt length (set at dispatch)
         self.cost: dict[int, tuple[int, int]] = {}  # id(micro-batch) -> (samples, tokens the trainer processes)
-        self.held: dict[str, Running] = {}  # agent -> a state move waiting for its state's park
+        self.held: dict[str, list[Running]] = {}  # agent -> state moves and joins waiting for its state's park
+        self.collectives: dict[tuple[str, int], list[Running]] = {}  # (agent, step) -> its group's ranks started
         self.prefetch: dict[str, tuple[str, float | None]] = {}  # agent -> (slot, when its read ends; None: not begun)
         self.updates: list[UpdateRecord] = []
         self.tokens = 0
@@ -252,11 +258,12 @@ class Simulation:
             running.duration = samples_tokens / (model.train_tokens_per_s * self.worker[job.worker].devices) + (
                 model.train_overhead_s)
         elif isinstance(job, Finish):
-            running.duration = model.optimizer_step_s
+            running.duration = model.optimizer_step_s + self._all_reduce_s(job.agent, len(job.members))
         elif isinstance(job, Sync):
             running.duration = model.weight_sync_s
-        elif isinstance(job, MoveState) and self.sched.inflight.of(job.agent, JobKind.PARK):
-            self.held[job.agent] = running  # resumed once its park is written (Dask waits on the park's future)
+        elif isinstance(job, (MoveState, Join)) and self.sched.inflight.of(job.agent, JobKind.PARK):
+            # resumed once its park is written (Dask waits on the park's future)
+            self.held.setdefault(job.agent, []).append(running)
             return
         self._queue(running)
 
@@ -283,7 +290,25 @@ class Simulation:
                 begin = self.now + running.swap_s + overhead
                 for group in np.split(order, cut):
                     self._push(begin + float(ends[group[0]]), "part", [requests[i] for i in group])
-            self._push(self.now + running.duration + overhead, "done", (worker, running))
+            if isinstance(running.job, Finish) and running.job.members:
+                self._collective(running)
+            else:
+                self._push(self.now + running.duration + overhead, "done", (worker, running))
+
+    def _collective(self, running: Running) -> None:
+        """A rank of a trainer group started its part of the optimizer step; once the last rank has, every rank
+        ends when the slowest would end alone (its swap, if any, the step and the all-reduce): the all-reduce
+        needs every rank's gradients, and each rank holds its worker until then."""
+        job = running.job
+        started = self.collectives.setdefault((job.agent, job.step), [])
+        started.append(running)
+        if len(started) < len(job.members):
+            return
+        del self.collectives[(job.agent, job.step)]
+        end = max(r.start + r.duration for r in started)
+        for r in started:
+            r.duration = end - r.start
+            self._push(end + self.preset.driver.task_overhead_s, "done", (self.worker[r.job.worker], r))
 
     def _price_at_start(self, worker: Worker, running: Running) -> None:
         """Costs that depend on what the worker holds when the job starts: swaps of training state."""
@@ -304,9 +329,11 @@ class Simulation:
             running.duration = self._move_s(running.agent)
             if worker.resident == running.agent:
                 worker.resident = None
-        elif running.kind is JobKind.MOVE_STATE:
+        elif running.kind in (JobKind.MOVE_STATE, JobKind.JOIN):
+            # a join resumes what the home parked, as a move does; its agent is bound, so nothing was read ahead
             where, ready = self.prefetch.pop(running.agent, (None, None))
-            if running.job.prefetched and where == worker.name and ready is not None:
+            prefetched = isinstance(running.job, MoveState) and running.job.prefetched
+            if prefetched and where == worker.name and ready is not None:
                 # read ahead into host memory while the slot trained: only the rest of the read, then the copy
                 running.duration = max(ready - self.now, 0.0) + self._swap_s(running.agent, bw)
             else:
@@ -320,6 +347,13 @@ class Simulation:
 
     def _move_s(self, agent: str) -> float:
         return self.preset.model_of(agent).state_gb / self.preset.cluster.move_gb_per_s
+
+    def _all_reduce_s(self, agent: str, ranks: int) -> float:
+        """Seconds of a ring all-reduce of the agent's gradients over ``ranks`` (k) slots: each sends and receives
+        2 (k - 1) / k of them over its link (none for one slot)."""
+        if ranks <= 1:
+            return 0.0
+        return 2 * (ranks - 1) / ranks * self.preset.model_of(agent).gradient_gb / self.preset.cluster.link_gb_per_s
 
     def _record_span(self, worker: Worker, job: Running) -> None:
         w, k, a, s, e = self._spans
@@ -339,8 +373,7 @@ class Simulation:
                 for request in job.requests:
                     self.sched.node_done(request)
         elif isinstance(job, Park):
-            held = self.held.pop(job.agent, None)
-            if held is not None:
+            for held in self.held.pop(job.agent, []):
                 self._queue(held)
             if job.agent in self.prefetch and self.prefetch[job.agent][1] is None:
                 self.prefetch[job.agent] = (self.prefetch[job.agent][0], self.now + self._move_s(job.agent))

@@ -19,9 +19,10 @@ class SimMode:
     load_balance: bool = True  # rollout.load_balance
     micro_batch_generation: bool | None = None  # rollout.micro_batch_generation; None: the preset's
     baseline_layout: bool = False  # run on the preset's sync_layout (the MARTI-like colocated cluster)
+    max_slots: int = 1  # training.max_slots: the most training slots each agent's trainer group may span
 
 
-# The first six are flexmarl/bench/pipeline_bench.py's MODES (a test checks they agree).
+# All but sync-disagg are flexmarl/bench/pipeline_bench.py's MODES (a test checks they agree).
 MODES: dict[str, SimMode] = {
     "sync": SimMode("sync", load_balance=False, baseline_layout=True),
     "flexmarl": SimMode("flexmarl"),
@@ -29,6 +30,9 @@ MODES: dict[str, SimMode] = {
     "no-pipeline": SimMode("flexmarl", pipeline=False),
     "stale1": SimMode("flexmarl", max_staleness=1),
     "whole-batches": SimMode("flexmarl", micro_batch_generation=False),
+    # trainer groups (data parallel over up to two slots) in flexmarl, and in the sync baseline on its layout
+    "flexmarl-group": SimMode("flexmarl", max_slots=2),
+    "sync-group": SimMode("sync", load_balance=False, baseline_layout=True, max_slots=2),
     # Beyond the benchmark's modes: the sync schedule (layered rollout, barrier, train all) on the flexmarl
     # layout, the nearest to the paper's "without the pipeline" ablation, whose training waits for the step.
     "sync-disagg": SimMode("sync"),

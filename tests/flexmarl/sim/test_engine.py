@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
+from flexmarl.orchestrator.commands import Finish
 from flexmarl.orchestrator.policy import SchedulePolicy
 from flexmarl.sim.costmodel import SimPreset, load_preset
 from flexmarl.sim.engine import MODES, Simulation, simulate
@@ -21,6 +24,7 @@ def test_a_run_is_determined_by_the_seed(small: SimPreset) -> None:
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_planned_sample_is_trained_exactly_once(small: SimPreset, mode: str) -> None:
     sim = Simulation(small, mode)
+    finishes = recorded(sim, lambda command: isinstance(command, Finish))
     result = sim.run()
     episodes = small.workload.queries_per_step * small.workload.group_size
     for agent in small.agents:
@@ -28,9 +32,11 @@ def test_every_planned_sample_is_trained_exactly_once(small: SimPreset, mode: st
         assert [u.step for u in updates] == list(range(small.workload.steps))  # one update per step, in order
         assert all(u.samples == episodes * len(sim.nodes_of[agent]) for u in updates)
     # every micro-batch was trained once: one train span each (one query per micro-batch), plus one span per
-    # optimizer step (the runtime draws both as training)
+    # rank of each optimizer step (the runtime draws both as training); one rank each without trainer groups
     trains = int((result.span_kind == 1).sum())
-    assert trains == small.workload.steps * (small.workload.queries_per_step + 1) * len(small.agents)
+    updates = small.workload.steps * len(small.agents)
+    assert trains == updates * small.workload.queries_per_step + sum(finishes)
+    assert sum(finishes) == updates if MODES[mode].max_slots == 1 else sum(finishes) > updates
     # every response drawn for a step was generated: the tokens equal the draws
     drawn = 0
     for step in range(small.workload.steps):
@@ -105,17 +111,24 @@ def test_a_bounded_loop_runs_every_turn_and_trains_each_turns_samples(small: Sim
         assert [u.samples for u in result.updates if u.agent == agent] == [episodes * turns] * small.workload.steps
 
 
-def command_stream(preset: SimPreset, mode: str, *, memo: bool, steps: int | None = None) -> list[str]:
-    """Every command the scheduler decided, as it stood when the simulator took it."""
-    sim = Simulation(preset, mode, steps=steps, memo=memo)
+def recorded(sim: Simulation, keep: Callable[[object], object] = lambda command: command) -> list:
+    """What ``keep`` makes of every command the scheduler decides, when the simulator takes it: filled as
+    ``sim`` runs."""
     drain, stream = sim.sched.drain, []
 
     def logged():
         for command in drain():
-            stream.append(repr(command))
+            stream.append(keep(command))
             yield command
 
     sim.sched.drain = logged
+    return stream
+
+
+def command_stream(preset: SimPreset, mode: str, *, memo: bool, steps: int | None = None) -> list[str]:
+    """Every command the scheduler decided, as it stood when the simulator took it."""
+    sim = Simulation(preset, mode, steps=steps, memo=memo)
+    stream = recorded(sim, repr)
     sim.run()
     return stream
 

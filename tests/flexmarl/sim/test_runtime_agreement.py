@@ -17,6 +17,7 @@ def test_modes_are_the_benchmarks_modes() -> None:
         assert mode.load_balance == (settings.get("rollout.load_balance", "true") == "true")
         cut = settings.get("rollout.micro_batch_generation")  # unset: the workload's own setting
         assert mode.micro_batch_generation == (None if cut is None else cut == "true")
+        assert mode.max_slots == int(settings.get("training.max_slots", 1))
 
 
 def test_the_simulator_and_the_runtime_drive_one_scheduler(parse_module) -> None:

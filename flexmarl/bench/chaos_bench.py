@@ -3,7 +3,8 @@
 Faults are real: a Dask worker process SIGKILLed while it runs a generation batch or a training micro-batch
 (its nanny starts a new one under a new address), a worker SIGSTOPped while it generates (it stops
 answering: the run must notice and replace it), and the driver process SIGKILLed mid-step and then resumed
-from its store. Which kinds come when, and at which task or commit, is drawn from a seed. Each fault gets
+from its store. With trainer groups (``training.max_slots`` > 1), also a rank that joined an agent's group,
+SIGKILLed as it trains one of the step's micro-batches or as it enters the group's optimizer step. Which kinds come when, and at which task or commit, is drawn from a seed. Each fault gets
 its own run against one cluster; after every run the store must verify, every planned prompt must have been
 trained exactly once per step, and the weights (staleness 0) must equal those of an uninterrupted run.
 
@@ -39,6 +40,7 @@ from storage.store import ExperienceStore
 from storage.verify import verify_store
 
 KINDS = ("worker_kill_rollout", "worker_kill_train", "replica_hang", "driver_kill")
+GROUP_KINDS = ("group_rank_kill_train", "group_rank_kill_finish")  # only where agents' trainers form groups
 # Faults must be noticed in seconds on a tiny run: a short heartbeat and request timeout.
 CHAOS_SETTINGS = ["run.steps=3", "cluster.heartbeat_timeout_s=5", "rollout.request_timeout_s=60"]
 WEIGHT_TOLERANCE = 1e-5  # float rounding: micro-batches may be accumulated in another order after a fault
@@ -86,6 +88,22 @@ class WorkerFault:
     @property
     def at(self) -> str:
         return f"{self.task_kind} task #{self.seen} on {self.worker}"  # #nth, or later if that worker was gone
+
+
+@dataclass
+class RankFault(WorkerFault):
+    """Kill the worker that joined an agent's trainer group (the run's first join), when the pipeline sends it
+    that agent's first job of ``task_kind`` after the join: a micro-batch ("train": the step's gradient sum on
+    that rank dies with it) or its part of the collective optimizer step ("finish": the other ranks'
+    all-reduce fails)."""
+
+    joined: tuple[str, str] | None = None  # (agent, worker) of the first join
+
+    def __call__(self, kind: str, agent: str, worker: str) -> None:
+        if kind == "join" and self.joined is None:
+            self.joined = (agent, worker)
+        elif (agent, worker) == self.joined and self.worker is None:
+            super().__call__(kind, agent, worker)
 
 
 def kill_at_commit(pid: int, store: ExperienceStore, agents: Sequence[str], commits: int, *, timeout_s: float,
@@ -170,13 +188,13 @@ def max_weight_diff(a: dict[str, dict[str, torch.Tensor]], b: dict[str, dict[str
     return max(float((a[agent][k] - b[agent][k]).abs().max()) for agent in a for k in a[agent])
 
 
-def schedule(n: int, seed: int) -> list[str]:
+def schedule(n: int, seed: int, kinds: Sequence[str] = KINDS) -> list[str]:
     """``n`` fault kinds: every kind once per round, each round in a seeded order."""
     rng = random.Random(seed)
-    kinds: list[str] = []
-    while len(kinds) < n:
-        kinds += rng.sample(KINDS, len(KINDS))
-    return kinds[:n]
+    drawn: list[str] = []
+    while len(drawn) < n:
+        drawn += rng.sample(list(kinds), len(kinds))
+    return drawn[:n]
 
 
 def bench_chaos(
@@ -198,13 +216,16 @@ def bench_chaos(
         tasks = {"generate": sum(s.kind == "rollout" for s in reference.spans),
                  "train": sum(s.kind == "train" for s in reference.spans) - cfg.run.steps * len(cfg.agents)}
         commits = sum(ExperienceStore(out_dir / "reference" / "store").version(f"samples/{a}") for a in cfg.agents)
-        for i, kind in enumerate(schedule(faults, seed)):
+        grouped = any(cfg.trainer_config(a).max_slots > 1 for a in cfg.agents)
+        for i, kind in enumerate(schedule(faults, seed, KINDS + GROUP_KINDS if grouped else KINDS)):
             run_dir = out_dir / f"run{i}-{kind}"
             shutil.rmtree(run_dir, ignore_errors=True)
             log(f"run {i}: {kind}")
             t0 = time.time()
             if kind == "driver_kill":
                 record, weights = _driver_kill(cfg, run_dir, address, rng.randint(2, max(2, commits - 2)))
+            elif kind in GROUP_KINDS:
+                record, weights = _worker_fault(cfg, run_dir, address, RankFault(None, kind.rsplit("_", 1)[1], 1))
             else:
                 task_kind = "train" if kind == "worker_kill_train" else "generate"
                 nth = rng.randint(1, max(1, tasks[task_kind] * 4 // 5))

@@ -47,7 +47,7 @@ class SchedulePolicy:
     pipeline: bool  # train micro-batches while the rest of the batch is generated
     max_staleness: dict[str, int]  # per agent: how many versions behind a sample's generator may be
     queue_depth: int = 2  # micro-batches of one agent queued on each slot of its trainer group at once
-    grow_at: int = 2  # micro-batches not yet sent, per slot the group holds, for it to take one more
+    grow_at: int = 2  # micro-batches not yet sent, per slot the group holds, for it to copy its state to one more
     micro_batch_generation: bool = False  # pipelined: generation batches of one micro-batch (``batch_limit``)
 
     @property
@@ -132,16 +132,17 @@ class SchedulePolicy:
             return max(m.committed_at for m in batches), None
         return None
 
-    def grows(self, unsent: int, ranks: int, max_slots: int) -> bool:
+    def grows(self, unsent: int, ranks: int, max_slots: int, *, copy_held: bool = False) -> bool:
         """May an agent whose trainer group holds ``ranks`` slots take an idle one more for its current step?
 
-        Only where the step still has ``grow_at`` micro-batches per slot it holds that were not sent to a rank
-        (``unsent``, committed or not): a rank that joins costs a copy of the state unless it holds one, and
-        the group keeps its slots until the step's optimizer step (its gradient sum cannot be handed over
-        sooner), so a slot taken for one micro-batch would mostly wait. The group shrinks at the step's end:
-        its slots are free again, and agents waiting for one bind first.
+        Only where the step still has micro-batches that were not sent to a rank (``unsent``, committed or
+        not) for each slot it would then hold: ``grow_at`` per slot it holds where the new rank must first
+        copy the state (a join costs a park and a resume), one where the slot already holds a copy at the
+        agent's version (``copy_held``: it trained the agent's last step). The group keeps its slots until
+        the step's optimizer step (its gradient sum cannot be handed over sooner) and shrinks at the step's
+        end: its slots are free again, and agents waiting for one bind first.
         """
-        return ranks < max_slots and unsent >= self.grow_at * ranks
+        return ranks < max_slots and unsent >= (1 if copy_held else self.grow_at) * ranks
 
     @staticmethod
     def pick_slot(free: Sequence[str], *preferred: str | None) -> str:

@@ -161,9 +161,10 @@ class TrainingBindings:
                   for a, members in self.bound.items() if members and not self.blocked[a]}
         for agent in sorted(unsent, key=lambda a: (-unsent[a], a)):
             members = self.bound[agent]
-            if not free or not self.policy.grows(unsent[agent], len(members), self.max_slots[agent]):
+            fresh = [w for w in self._fresh(agent) if w in free]
+            if not free or not self.policy.grows(unsent[agent], len(members), self.max_slots[agent],
+                                                 copy_held=bool(fresh)):
                 continue
-            fresh = self._fresh(agent)
             target = self.policy.pick_slot(free, *fresh)
             free.remove(target)
             self.bound[agent] = (*members, target)

@@ -43,7 +43,7 @@ from flexmarl.tracking.tracker import check_tracking
 
 # What a resumed run may change: where and how patiently it runs, and how far. The rest made its samples.
 RESUMABLE = ("cluster.", "rollout.request_timeout_s", "rollout.sync_timeout_s", "run.steps",
-             "run.save_checkpoints")
+             "run.save_checkpoints", "training.max_slots")
 
 
 class RunDirError(RuntimeError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,12 +97,17 @@ class UpdateResult:
     @classmethod
     def of_ranks(cls, results: list[UpdateResult]) -> UpdateResult:
         """The update of a trainer group, from its ranks' results: each rank reports the samples it consumed,
-        and the group's version, tokens and metrics (the same on every rank)."""
+        and the group's version, tokens and metrics (the same on every rank), except the time its all-reduce
+        took. The rank that arrived last waited for no other: its time is the transfer's (``time/reduce_s``);
+        the longest minus it is the wait for the slowest rank (``time/reduce_wait_s``)."""
         first = results[0]
         consumed = sorted(i for r in results for i in r.consumed_ids)
-        return cls(first.agent, first.policy_version, consumed, first.num_tokens,
-                   {**first.metrics, "ranks": float(len(results)),
-                    "ranks_trained": float(sum(bool(r.consumed_ids) for r in results))}, first.skipped)
+        metrics = {**first.metrics, "ranks": float(len(results)),
+                   "ranks_trained": float(sum(bool(r.consumed_ids) for r in results))}
+        times = [r.metrics["time/reduce_s"] for r in results if "time/reduce_s" in r.metrics]
+        if times:
+            metrics.update({"time/reduce_s": min(times), "time/reduce_wait_s": max(times) - min(times)})
+        return cls(first.agent, first.policy_version, consumed, first.num_tokens, metrics, first.skipped)
 
 
 class AcceleratorConflict(RuntimeError):
@@ -370,16 +376,19 @@ class AgentTrainer:
         included); the gradient sums and the loss counters are summed first, so every rank takes the same step
         on the global batch. The result's ``consumed_ids`` are this rank's; the rest is the group's.
         """
+        reduced = {}
         if reduce is not None:
             if not self.step_under_way:
                 self.begin_step()  # a rank that trained nothing still adds its zeros
+            start = time.perf_counter()
             self._sum_over_ranks(reduce)
+            reduced = {"time/reduce_s": time.perf_counter() - start}  # with the wait for the last rank to arrive
         if not self.step_under_way or self._responses == 0:
             for name in ("_grad_sum", "_consumed"):  # begun by an empty micro-batch, or not at all
                 self.__dict__.pop(name, None)
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
-            return UpdateResult(self.agent, self.version, [], 0, {"micro_batches": 0.0})
+            return UpdateResult(self.agent, self.version, [], 0, {"micro_batches": 0.0, **reduced})
         norm = batch_normaliser(
             self.config.loss_type, responses=self._responses, tokens=self._tokens, max_len=self.max_new_tokens
         )
@@ -387,7 +396,7 @@ class AgentTrainer:
             p.grad = (self._grad_sum[name] / norm).to(p.dtype)
         del self._grad_sum
         metrics = {"loss/policy": self._loss_sum / norm, "loss/normaliser": float(norm),
-                   "micro_batches": float(self._micro)}
+                   "micro_batches": float(self._micro), **reduced}
         metrics.update({f"policy/{k}": v / self._micro for k, v in self._stats.items()})
         metrics["policy/is_weight_mean"] = self._is_sum / max(self._tokens, 1)
         metrics["policy/is_weight_at_cap"] = self._is_at_cap / max(self._tokens, 1)

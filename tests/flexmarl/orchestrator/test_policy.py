@@ -84,3 +84,11 @@ def test_replica_slots_are_dealt_round_robin_and_every_agent_gets_one() -> None:
     assert deal_replicas(["p", "s", "a"], ["w0", "w1"], 2) == [("w0", "p"), ("w1", "s"), ("w0", "a"), ("w1", "p")]
     dealt = deal_replicas([f"a{i}" for i in range(5)], ["w0", "w1"], 1)
     assert sorted(a for _, a in dealt) == sorted([f"a{i}" for i in range(5)] + ["a0"])
+
+
+def test_a_group_grows_with_enough_of_its_step_left_for_the_new_rank_and_never_past_max_slots() -> None:
+    p = policy()
+    assert p.grows(2, 1, 2) and not p.grows(1, 1, 2)  # a join copies the state: grow_at (2) micro-batches per rank
+    assert p.grows(1, 1, 2, copy_held=True)  # a slot holding a copy at the agent's version: one is enough
+    assert not p.grows(4, 2, 2) and p.grows(4, 2, 3) and not p.grows(3, 2, 3)
+    assert not p.grows(9, 1, 1, copy_held=True)  # max_slots 1: never

@@ -1,0 +1,57 @@
+"""Trainer groups on a real LocalCluster with nannies. A rank killed mid-step: the group is given up, the trainer
+rebuilt from its snapshot, the step redone from the store, and the weights equal the plain loop's
+(``flexmarl/reference.py``). A run resumed with another ``training.max_slots`` continues exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flexmarl.bench.chaos_bench import RankFault, train
+from flexmarl.cluster.config import ClusterConfig
+from flexmarl.cluster.local import open_cluster
+from flexmarl.reference import reference_run
+from flexmarl.run.plan import resume_config
+
+from .conftest import check_exact
+from .test_worker_faults import recovery_of, run_with_fault
+
+# Two agents on three workers, eight micro-batches per agent and step (one query each): the verifier (the agent
+# with a gradient: the tiny solver is never right) grows into the idle third slot; the solver keeps one.
+GROUPS = ["run.queries_per_step=8", "training.micro_batch_size=4", "training.max_slots=2",
+          "agents.solver.training.max_slots=1", "run.snapshot_every=1"]
+
+
+@pytest.fixture
+def address():
+    with open_cluster(ClusterConfig(n_workers=3)) as addr:
+        yield addr
+
+
+@pytest.mark.parametrize("task_kind", ["train", "finish"])
+def test_a_rank_killed_mid_step_is_recovered_and_the_weights_equal_the_plain_loop(
+    tmp_path: Path, address: str, tiny_config, task_kind: str
+) -> None:
+    cfg = tiny_config(*GROUPS)
+    fault = RankFault(None, task_kind, nth=1)
+    result, weights, trainers = run_with_fault(cfg, tmp_path / "run", address, fault)
+    assert fault.joined is not None and fault.worker == fault.joined[1]
+    recovery_of(result, fault.worker)
+    assert fault.worker not in trainers.values()
+    check_exact(tmp_path / "run", cfg, weights, reference_run(cfg))
+
+
+@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
+def test_a_run_resumed_at_another_group_size_continues_exactly(tmp_path: Path, address: str, tiny_config,
+                                                              first: int, then: int) -> None:
+    """Every rank holds the whole state and the home snapshots it: a run saved while trained by groups of two
+    resumes on one slot per agent, and the reverse; the store verifies and the weights equal the plain loop's."""
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(*GROUPS, f"training.max_slots={first}")
+    result, _ = train(cfg, run_dir, address)
+    assert max(u.metrics["ranks"] for u in result.updates) == first
+    resumed = resume_config(run_dir, ["run.steps=4", f"training.max_slots={then}"])
+    result, weights = train(resumed, run_dir, address, resume=True)
+    assert max(u.metrics["ranks"] for u in result.updates) == then and min(u.step for u in result.updates) == 2
+    check_exact(run_dir, resumed, weights, reference_run(resumed))

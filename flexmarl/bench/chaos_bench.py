@@ -5,8 +5,9 @@ Faults are real: a Dask worker process SIGKILLed while it runs a generation batc
 answering: the run must notice and replace it), and the driver process SIGKILLed mid-step and then resumed
 from its store. With trainer groups (``training.max_slots`` > 1), also a rank that joined an agent's group,
 SIGKILLed as it trains one of the step's micro-batches or as it enters the group's optimizer step. Which kinds
-come when, and at which task or commit, is drawn from a seed. Each fault gets its own run against one cluster; after every run the store must verify, every planned prompt must have been
-trained exactly once per step, and the weights (staleness 0) must equal those of an uninterrupted run.
+come when, and at which task or commit, is drawn from a seed. Each fault gets its own run against one
+cluster; after every run the store must verify, every planned prompt must have been trained exactly once per
+step, and the weights (staleness 0) must equal those of an uninterrupted run.
 
 It drives the engine on Dask directly (no Prefect), like ``flexmarl bench pipeline``.
 """

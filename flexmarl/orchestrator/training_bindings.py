@@ -295,6 +295,10 @@ class TrainingBindings:
             return
         members = self.bound.pop(agent)
         self._work_stale.add(agent)
+        if len(members) == 1:
+            # a formation is kept only from one step of its group to the next: a rank whose copy is dropped (below)
+            # drops its process group, and a later group of the same members forms afresh, under a new name
+            self.formations.pop(agent, None)
         version = job.step + 1
         for worker in sorted(self.copies[agent]):
             if worker in members:

@@ -104,3 +104,25 @@ def test_a_lost_rank_gives_up_the_group_s_step_and_the_trainer_is_rebuilt(schedu
     assert s.s.versions == {a: 2 for a in AGENTS}
     redone = [x for x in s.trained if x[0] == "planner" and x[1] == step]
     assert sorted(set(redone)) == [("planner", step, i) for i in range(8)]
+
+
+@pytest.mark.parametrize("mode", ["flexmarl", "sync"])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_formation_used_again_finds_every_rank_still_holding_its_process_group(scheduler, script, mode,
+                                                                                 seed) -> None:
+    """A rank's process group lives with its trainer copy: a dropped copy (``Discard``) drops it. A formation
+    named again must find it on every rank, or its ranks would mix an old group with a new one under one name
+    (a fan-out bench failed so: "Connection closed by peer"); a group of the same members formed after a rank
+    dropped its copy needs a new formation."""
+    s = script(scheduler(mode, steps=6, queries=8, group=1, micro=1, slots=("t0", "t1", "t2", "t3"), max_slots=2))
+    s.run(seed)
+    held: dict[tuple[str, str], int] = {}  # (agent, worker) -> the formation whose process group it holds
+    first: dict[tuple[str, int], int] = {}  # (agent, formation) -> the step it was formed for
+    for c in s.log:
+        if isinstance(c, Discard) and c.trainer:
+            held.pop((c.agent, c.worker), None)
+        elif isinstance(c, Finish) and c.members:
+            if first.setdefault((c.agent, c.formation), c.step) < c.step:
+                assert held.get((c.agent, c.worker)) == c.formation, (c.agent, c.step, c.worker, c.formation)
+            held[(c.agent, c.worker)] = c.formation
+    assert first

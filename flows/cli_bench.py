@@ -18,7 +18,8 @@ bench_app = typer.Typer(help="Run a benchmark and write its JSON report.", no_ar
 def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for bench.json, timelines and report.md.")],
     modes: Annotated[str, typer.Option(
-        help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1,whole-batches.")] = "sync,flexmarl",
+        help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1,whole-batches,flexmarl-group,sync-group.")
+    ] = "sync,flexmarl",
     steps: Annotated[int, typer.Option(help="Optimizer steps per agent and mode.")] = 3,
     workload: Annotated[str, typer.Option(help="Preset of the workload: fan_out (skewed), copy (learns), tiny, "
                                           "default (SmolLM2); or fan_out_smollm2 (the skewed fan-out with "
@@ -199,7 +200,8 @@ def chaos(
     seed: Annotated[int, typer.Option(help="Draws the kinds of fault and where they strike.")] = 0,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
 ) -> None:
-    """Inject real faults (killed and frozen workers, a killed driver) into tiny runs; check none lost a sample."""
+    """Inject real faults (killed and frozen workers, a killed driver; with training.max_slots > 1, a killed rank
+    of a trainer group) into tiny runs; check none lost a sample."""
     from flexmarl.bench.chaos_bench import bench_chaos
     from flexmarl.config import ConfigError
 

@@ -21,8 +21,8 @@ def simulate(
         help="Simulator preset: paper-ma, paper-ca, scale-15x14b, scale-3x32b-7x14b, scale-5x32b, or a YAML file.",
     )] = None,
     modes: Annotated[Optional[str], typer.Option(
-        help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1 (the default), whole-batches, flexmarl-group, sync-group, sync-disagg; "
-             "a sweep's default is sync,flexmarl.",
+        help="Comma-separated: sync,flexmarl,no-lb,no-pipeline,stale1 (the default), whole-batches, "
+             "flexmarl-group, sync-group, sync-disagg; a sweep's default is sync,flexmarl.",
     )] = None,
     steps: Annotated[Optional[int], typer.Option(min=1, help="Steps per mode (default: the preset's).")] = None,
     sweep: Annotated[Optional[str], typer.Option(

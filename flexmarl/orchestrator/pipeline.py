@@ -389,12 +389,10 @@ class PipelineRunner:
                                            snapshots.weights_uri(state.uri), options)
         if isinstance(job, Park):
             return slot.park, (key, self._park_uri(agent), options)
-        if isinstance(job, MoveState):
-            after = self.prefetches.pop(agent, None) if job.prefetched else None
+        if isinstance(job, (MoveState, Join)):  # a join resumes the state of the step's start; the home keeps its own
+            after = self.prefetches.pop(agent, None) if isinstance(job, MoveState) and job.prefetched else None
             return slot.resume, (key, *trainer, self._park_uri(agent), self.versions[agent],
                                  after or self.parks.get(agent))
-        if isinstance(job, Join):  # the home parked its state of the step's start; it keeps its own trainer
-            return slot.resume, (key, *trainer, self._park_uri(agent), self.versions[agent], self.parks.get(agent))
         if isinstance(job, Restore):
             self.finished_steps.pop(agent, None)  # the rebuilt trainer redoes the step: its ranks' results too
             state = self.states.at(agent, job.version)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from flexmarl.orchestrator.commands import (
-    BLOCKING, Commit, Discard, Finish, InFlight, Join, MicroBatch, MoveState, Park, Prefetch, RecordUpdate,
+    BLOCKING, Commit, Discard, Finish, InFlight, JobKind, Join, MicroBatch, MoveState, Park, Prefetch, RecordUpdate,
     Snapshot, StoredBatch, Train,
 )
 from flexmarl.orchestrator.policy import SchedulePolicy
@@ -65,14 +65,12 @@ class TrainingBindings:
         self.copies: dict[str, dict[str, int]] = {a: {} for a in self.agents}  # other workers' trainers: version
         self.joining: dict[str, set[str]] = {a: set() for a in self.agents}  # ranks loading the state (``Join``)
         self.on_rank: dict[str, dict[str, int]] = {a: {} for a in self.agents}  # micro-batches queued per rank
-        self.finishing = {a: 0 for a in self.agents}  # ranks whose optimizer step is still running
         self.formations: dict[str, tuple[tuple[str, ...], int]] = {}  # agent -> (group members, formation)
         self._formed = 0
         self.parked: set[str] = set()  # agents whose state has a parked copy (or a park under way)
         self.prefetched: dict[str, str] = {}  # agent -> the slot reading its state ahead
         self.micro: dict[tuple[str, int], list[MicroBatch]] = {}
         self.complete: dict[str, set[int]] = {a: set() for a in self.agents}
-        self.queued = {a: 0 for a in self.agents}  # micro-batches sent to the agent's slot
         self.blocked = {a: False for a in self.agents}  # optimizer step, sync, move or rebuild under way
         self.pending_syncs = {a: 0 for a in self.agents}
         self._work_stale: set[str] = set(self.agents)  # agents whose training answer may have changed
@@ -184,7 +182,7 @@ class TrainingBindings:
             return None
         ranks = len(self.bound.get(agent, ())) - len(self.joining[agent])
         work = self.policy.training_work(agent, step, self.micro[(agent, step)], self.complete,
-                                         queued=self.queued[agent], ranks=max(ranks, 1))
+                                         queued=sum(self.on_rank[agent].values()), ranks=max(ranks, 1))
         if work is not None and work[1] is None and self.joining[agent]:
             return None  # the optimizer step is every rank's: it waits for the ranks still joining
         return work
@@ -245,12 +243,10 @@ class TrainingBindings:
             queued = self.on_rank[agent]
             worker = min((w for w in members if w not in self.joining[agent]), key=lambda w: queued.get(w, 0))
             mb.submitted = True
-            self.queued[agent] += 1
             queued[worker] = queued.get(worker, 0) + 1
             self.emit(Train(agent, worker, mb))
             return
         self.blocked[agent] = True
-        self.finishing[agent] = len(members)
         if len(members) == 1:
             self.emit(Finish(agent, members[0], self.versions[agent]))
             return
@@ -275,7 +271,6 @@ class TrainingBindings:
 
     def trained(self, job: Train) -> None:
         job.batch.trained = True
-        self.queued[job.agent] -= 1
         self.on_rank[job.agent][job.worker] -= 1
         self._work_stale.add(job.agent)
 
@@ -290,8 +285,7 @@ class TrainingBindings:
         replicas have the weights. Its state is written first on snapshot versions, then the update is recorded.
         The group's other ranks hold the new weights too; copies elsewhere are stale and dropped."""
         agent = job.agent
-        self.finishing[agent] -= 1
-        if self.finishing[agent] > 0:
+        if self.inflight.of(agent, JobKind.FINISH):  # another rank's part of the collective step still runs
             return
         members = self.bound.pop(agent)
         self._work_stale.add(agent)
@@ -385,11 +379,9 @@ class TrainingBindings:
         for mb in self.micro.get((agent, version), []):  # the step is trained again, on the state of its start
             if mb.committed and mb.trainable:
                 mb.submitted = mb.trained = False
-        self.queued[agent] = 0
         self.bound[agent] = ()
         self.on_rank[agent].clear()
         self.joining[agent].clear()
-        self.finishing[agent] = 0
         self.formations.pop(agent, None)
         live = sorted(self.copies[agent]) + ([self.location[agent]] if self.location[agent] not in lost else [])
         for worker in live:  # mid-step, or past the version the store records

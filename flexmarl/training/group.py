@@ -19,13 +19,13 @@ never reads the keys of the one before.
 from __future__ import annotations
 
 import datetime
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
+from distributed.utils import get_ip
 
 from flexmarl.cluster.worker_state import EngineKey, engines, worker_address
 
@@ -55,14 +55,8 @@ class Rendezvous:
     """The run's rendezvous store, served from the driver's process for as long as the object lives."""
 
     def __init__(self, scheduler_address: str) -> None:
-        host = urlparse(scheduler_address).hostname or "127.0.0.1"
         # the address of the interface that reaches the scheduler: the workers reach the driver there too
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            try:
-                probe.connect((host, 1))
-                self.host = probe.getsockname()[0]
-            except OSError:
-                self.host = "127.0.0.1"
+        self.host = get_ip(urlparse(scheduler_address).hostname or "127.0.0.1")
         self.store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
 
     @property

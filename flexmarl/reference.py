@@ -31,8 +31,27 @@ from flexmarl.rollout.scoring import scale_by_agent, score
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
 from flexmarl.workloads.datasets import problem_stream
 
+Weights = dict[str, dict[str, torch.Tensor]]  # agent -> tensor name -> tensor
 
-def reference_run(cfg: RunConfig, *, steps: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
+DRIFT_TOLERANCE = 1e-3
+"""The ``weight_drift`` under which two runs trained the same weights. Two schedules of the same samples sum
+micro-batches padded differently, and AdamW turns those float differences in near-zero gradient elements into
+steps of up to the learning rate: measured 1e-4 of the move for the fan-out graph (one element in 65,536 off by
+1.5e-4), while a lost all-reduce or micro-batch changes the move itself."""
+
+
+def weight_drift(a: Weights, b: Weights, start: Weights) -> float:
+    """How far ``b`` is from ``a``, as a share of how far ``a`` moved from ``start``: the L2 norm over each agent's
+    tensors, the largest over agents. An agent that did not move must be equal, or the drift is infinite."""
+    worst = 0.0
+    for agent, tensors in a.items():
+        diff = sum(float((tensors[k].double() - b[agent][k].double()).square().sum()) for k in tensors) ** 0.5
+        move = sum(float((tensors[k].double() - start[agent][k].double()).square().sum()) for k in tensors) ** 0.5
+        worst = max(worst, diff / move if move > 0 else (0.0 if diff == 0 else float("inf")))
+    return worst
+
+
+def reference_run(cfg: RunConfig, *, steps: int | None = None) -> Weights:
     """Train every agent for ``steps`` (default ``cfg.run.steps``) synchronous steps; returns the weights.
 
     Raises:

@@ -100,7 +100,8 @@ def decode(
     threads = results[0]["limit"]["torch_threads"]
     table = Table(title=f"{model}: decode tokens/s, {new_tokens} new tokens, {group} request(s) per prompt, "
                         f"{threads} torch thread(s) (a run's workers have one each: OMP_NUM_THREADS=1)")
-    for col in ("batch", "roofline", "linear layers alone", "hf (of roofline, of linear)", "vllm"):
+    for col in ("batch", "roofline", "linear layers alone", "hf (of roofline, of linear)", "hf sampler share",
+                "vllm"):
         table.add_column(col)
     for r in results:
         limit = r["limit"]
@@ -108,7 +109,8 @@ def decode(
                  if "tokens_per_s" in b else "-" for b in (r["backends"]["hf"], r["backends"]["vllm"])]
         table.add_row(str(r["batch"]), f"{limit['tokens_per_s']:.0f} ({limit['bound']}-bound: "
                       f"{limit['matmul_gflops']:.0f} GFLOP/s, {limit['memory_gb_s']:.0f} GB/s)",
-                      f"{limit['kernel_tokens_per_s']:.0f} ({limit['linear_gb_s']:.1f} GB/s of weights)", *cells)
+                      f"{limit['kernel_tokens_per_s']:.0f} ({limit['linear_gb_s']:.1f} GB/s of weights)", cells[0],
+                      f"{r['backends']['hf'].get('sampler_share', 0):.1%}", cells[1])
     console.print(table)
     console.print(f"report: {out / 'bench_decode.json'}")
 
@@ -211,13 +213,14 @@ def chaos(
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     table = Table(title=f"chaos: {report['faults_injected']} faults, {report['runs_completed']} runs completed")
-    for col in ("fault", "at", "recovered s", "lost", "duplicated", "skipped", "max weight diff", "verify"):
+    for col in ("fault", "at", "recovered s", "lost", "duplicated", "skipped", "max weight diff", "drift of move",
+                "verify"):
         table.add_column(col)
     for r in report["runs"]:
         recovered = "-" if r["recovered_s"] is None else f"{r['recovered_s']:.2f}"
         table.add_row(r["kind"], r["at"], recovered, str(r["samples_lost"]),
                       str(r["samples_duplicated"] + r["samples_unplanned"]), str(r["prompts_skipped"]),
-                      f"{r['max_weight_diff']:.1e}", str(r["verify_violations"] or "ok"))
+                      f"{r['max_weight_diff']:.1e}", f"{r['weight_drift']:.1e}", str(r["verify_violations"] or "ok"))
     console.print(table)
     console.print(f"weights_match_uninterrupted: {report['weights_match_uninterrupted']}; report: {out / 'chaos.json'}")
 

@@ -9,7 +9,8 @@ this Python lacks vllm, runs this module with ``.venv-vllm/bin/python`` and read
 Each measurement loads the model (``startup_s``), generates one batch to warm up (``first_batch_s``: vLLM
 compiles kernels then), then times ``repeats`` batches of ``batch`` prompts of ``prompt_len`` tokens with up
 to ``new_tokens`` new tokens each, sampled at temperature 1. ``tokens_per_s`` counts the tokens generated
-(a response may end early at its end-of-sequence token) over the timed batches.
+(a response may end early at its end-of-sequence token) over the timed batches. For the hf backend,
+``sampler_share`` is the share of a decode step that sampling takes (``sampler_seconds`` over the step's time).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from flexmarl.models.loading import ModelError, load_tokenizer, resolve_model
 from flexmarl.rollout.backend import GenerationRequest
 from flexmarl.rollout.config import VLLMSettings, vllm_installed
 from flexmarl.rollout.hf_backend import HFBackend
+from flexmarl.rollout.sampling import SeededSampler
 from flexmarl.rollout.vllm_backend import VLLMBackend
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
@@ -71,16 +74,23 @@ def backend_throughput(
         start = time.perf_counter()
         engine.generate(_requests(model_dir, batch, prompt_len, new_tokens, 0, group))
         first_batch_s = time.perf_counter() - start
-        tokens, seconds = 0, 0.0
+        tokens, seconds, steps = 0, 0.0, 0
         for round_ in range(1, repeats + 1):
             requests = _requests(model_dir, batch, prompt_len, new_tokens, round_, group)
             start = time.perf_counter()
             results = engine.generate(requests)
             seconds += time.perf_counter() - start
             tokens += sum(len(r.response_ids) for r in results)
+            steps += max(len(r.response_ids) for r in results)
     finally:
         if isinstance(engine, VLLMBackend):
             engine.close()
+    sampler = {}
+    if backend == "hf":
+        vocab = engine.model.get_output_embeddings().weight.shape[0]
+        per_step = sampler_seconds(batch, vocab, engine.device)
+        # a step's time here includes its share of the prefill: the share is a little low
+        sampler = {"sampler_s_per_step": per_step, "sampler_share": per_step / (seconds / steps)}
     return {
         "tokens_per_s": tokens / seconds,
         "tokens": tokens,
@@ -95,7 +105,28 @@ def backend_throughput(
         "model": model,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "torch_threads": torch.get_num_threads(),
+        **sampler,
     }
+
+
+def sampler_seconds(batch: int, vocab: int, device: torch.device, *, repeats: int = 20) -> float:
+    """Median seconds of one ``SeededSampler`` draw for ``batch`` rows of ``vocab`` logits at temperature 1:
+    the hf backend's sampling work per decode step, without the model."""
+    sampler = SeededSampler(range(batch), vocab=vocab, device=device)
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(0)).to(device)
+    times = []
+    for step in range(repeats + 1):  # the first is a warm-up
+        _sync(device)
+        start = time.perf_counter()
+        sampler(logits, step=step, temperature=1.0)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def vllm_in_subprocess(

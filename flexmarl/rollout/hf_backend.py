@@ -10,6 +10,10 @@ import torch
 from flexmarl.models.loading import CACHE_ARG, check_tokenizer_matches, load_model, load_tokenizer
 from flexmarl.models.prefix import prefill
 from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightUpdate, check_update
+from flexmarl.rollout.sampling import SeededSampler
+
+STOP_CHECK_EVERY = 8
+"""Decode steps between two checks, on an accelerator, of whether every row has finished."""
 
 
 class HFBackend:
@@ -27,6 +31,12 @@ class HFBackend:
         self.model = load_model(Path(model_dir)).to(self.device).eval()
         check_tokenizer_matches(self.model, tok, Path(model_dir))
         self.version = version
+
+    @property
+    def stop_check_every(self) -> int:
+        # On a CPU a check costs nothing; on an accelerator each is a sync that stalls the queue of kernels, and
+        # the steps run past the last row's end are cheaper than a sync per step.
+        return 1 if self.device.type == "cpu" else STOP_CHECK_EVERY
 
     @staticmethod
     def default_device() -> torch.device:
@@ -46,56 +56,53 @@ class HFBackend:
     ) -> list[GenerationResult]:
         """Decode the batch token by token with a KV cache.
 
-        Each row samples with the Gumbel-max trick from its own generator, seeded by its request: a
-        response depends only on (weights, prompt, seed), not on which other requests share its batch or
-        which worker runs it. That is what lets the pipeline reproduce the synchronous schedule exactly.
+        Each row samples with noise keyed by its request's seed (``sampling.SeededSampler``): a response
+        depends only on (weights, prompt, seed), not on which other requests share its batch or which worker
+        runs it. That is what lets the pipeline reproduce the synchronous schedule exactly.
 
         The prompts run through ``prefix.prefill``: the head they all share once, each distinct prompt once (a
-        GRPO group's samples share theirs), keeping only the last position's logits.
+        GRPO group's samples share theirs), keeping only the last position's logits. Everything the loop
+        keeps stays on the model's device; it asks the device whether every row has finished once every
+        ``stop_check_every`` steps, and copies the results to the host once, at the end.
         """
         B = len(requests)
-        generators = [torch.Generator().manual_seed(r.seed) for r in requests]
         pre = prefill(self.model, [r.prompt_ids for r in requests], self.pad_id, self.device)
         last, cache, attention = pre.next_logits, pre.cache, pre.attention
-        tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long)
-        logprobs = torch.zeros((B, max_new_tokens))
-        lengths = torch.full((B,), max_new_tokens, dtype=torch.long)
-        finished = torch.zeros(B, dtype=torch.bool)
+        sampler = SeededSampler([r.seed for r in requests], vocab=last.shape[-1], device=self.device)
+        tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((B, max_new_tokens), device=self.device)
+        lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=self.device)
+        finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         next_pos = pre.next_position - 1  # the last prompt token's
         for t in range(max_new_tokens):
-            logits = last.float().cpu()  # (B, V)
-            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
-            if temperature > 0:
-                uniform = torch.stack([torch.rand(logp.shape[-1], generator=g) for g in generators])  # (B, V)
-                gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
-                step_tokens = torch.argmax(logp + gumbel, dim=-1)  # a sample of softmax(logits / T)
-            else:
-                step_tokens = torch.argmax(logp, dim=-1)  # greedy (evaluation)
-            step_tokens[finished] = self.pad_id
+            step_tokens, step_logprobs = sampler(last, step=t, temperature=temperature)
+            step_tokens = torch.where(finished, self.pad_id, step_tokens)  # no boolean indexing: it syncs
             tokens[:, t] = step_tokens
-            logprobs[:, t] = logp.gather(-1, step_tokens.unsqueeze(-1)).squeeze(-1)
+            logprobs[:, t] = step_logprobs
             newly = (step_tokens == self.eos_id) & ~finished
-            lengths[newly] = t + 1
+            lengths = torch.where(newly, t + 1, lengths)
             finished |= newly
-            if bool(finished.all()):
+            if t == max_new_tokens - 1 or ((t + 1) % self.stop_check_every == 0 and bool(finished.all())):
                 break
             attention = torch.cat([attention, torch.ones((B, 1), dtype=attention.dtype, device=self.device)], dim=1)
             next_pos = next_pos + 1
             out = self.model(
-                input_ids=step_tokens.unsqueeze(-1).to(self.device),
+                input_ids=step_tokens.unsqueeze(-1),
                 attention_mask=attention,
                 position_ids=next_pos.unsqueeze(-1),
                 use_cache=True,
                 **{CACHE_ARG: cache},
             )
             last, cache = out.logits[:, -1, :], getattr(out, CACHE_ARG)
-        tokens, logprobs = tokens.to(torch.int32).numpy(), logprobs.numpy()  # each result a row's view
+        # the one copy to the host; each result is a row's view
+        tokens, logprobs = tokens.to("cpu", torch.int32).numpy(), logprobs.cpu().numpy()
+        lengths, finished = lengths.tolist(), finished.tolist()
         return [
             GenerationResult(
                 r.request_id,
                 tokens[i, : lengths[i]],
                 logprobs[i, : lengths[i]],
-                "stop" if bool(finished[i]) else "length",
+                "stop" if finished[i] else "length",
                 self.version,
             )
             for i, r in enumerate(requests)

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from flexmarl.bench.chaos_bench import WEIGHT_TOLERANCE, max_weight_diff, train
+from flexmarl.bench.chaos_bench import train
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import RunConfig, load_config
 from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.orchestrator.coverage import training_coverage
+from flexmarl.reference import DRIFT_TOLERANCE, reference_run, weight_drift
 from flexmarl.training.snapshots import SNAPSHOTS, load_weights, snapshot_uri
 from storage.store import ExperienceStore
 from storage.verify import verify_store
@@ -92,7 +93,7 @@ def check_exact(run_dir: Path, cfg: RunConfig, weights: dict, reference: dict) -
     assert verify_store(store) == []
     coverage = training_coverage(store, cfg)
     assert coverage.steps == cfg.run.steps and coverage.exact, coverage
-    assert max_weight_diff(reference, weights) <= WEIGHT_TOLERANCE
+    assert weight_drift(reference, weights, reference_run(cfg, steps=0)) <= DRIFT_TOLERANCE
     # the tiny solver never answers right (no reward signal), but the verifier's weights must have moved
     initial = load_model(resolve_model(cfg.agents["verifier"].model, seed=cfg.run.seed)).state_dict()
     assert max(float((weights["verifier"][k] - initial[k]).abs().max()) for k in initial) > 1e-4

@@ -18,13 +18,12 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from flexmarl.bench.chaos_bench import (
-    WEIGHT_TOLERANCE, WorkerFault, all_of, kill_driver, max_weight_diff, sample_commits, train,
-)
+from flexmarl.bench.chaos_bench import WorkerFault, all_of, kill_driver, sample_commits, train
 from flexmarl.cluster.local import connect
 from flexmarl.config import RunConfig
 from flexmarl.models.loading import resolve_model
 from flexmarl.orchestrator.coverage import training_coverage
+from flexmarl.reference import DRIFT_TOLERANCE, reference_run, weight_drift
 from flexmarl.run.plan import resume_config
 from flexmarl.training.replay import recorded_updates, replay
 from flexmarl.training.snapshots import SNAPSHOTS
@@ -118,7 +117,8 @@ def test_a_run_with_stale_samples_resumes_to_the_replay_of_its_own_store(
     for agent in cfg.agents:
         rows = store.read_samples(agent, columns=["step", "policy_version"])
         assert pc.all(pc.greater_equal(rows["policy_version"], pc.subtract(rows["step"], 1))).as_py()
-    assert max_weight_diff(replayed_weights(run_dir, cfg), weights) <= WEIGHT_TOLERANCE
+    start = reference_run(cfg, steps=0)
+    assert weight_drift(replayed_weights(run_dir, cfg), weights, start) <= DRIFT_TOLERANCE
 
 
 def test_a_damaged_newest_snapshot_is_rebuilt_from_the_one_before_and_the_store(

@@ -21,7 +21,7 @@ import torch
 
 from flexmarl.config import RunConfig
 from flexmarl.models.adapters import AdapterHost
-from flexmarl.models.loading import load_tokenizer, resolve_model
+from flexmarl.models.loading import load_model, load_tokenizer, resolve_model
 from flexmarl.rollout.adapter_backend import AdapterBackend
 from flexmarl.rollout.backend import GenerationRequest, WeightUpdate
 from flexmarl.rollout.episodes import Episode, EpisodeGraph, NodeOutput, request_seed
@@ -107,6 +107,21 @@ def reference_run(cfg: RunConfig, *, steps: int | None = None) -> Weights:
             trainer.train_step(_batch(rewarded))
             generators[agent].update_weights(WeightUpdate(agent, trainer.version, trainer.weights()))
     return {agent: trainer.weights() for agent, trainer in trainers.items()}
+
+
+def initial_weights(cfg: RunConfig) -> Weights:
+    """Each agent's weights before its first update, as ``reference_run(cfg, steps=0)`` gives them: the model's
+    (an adapter agent's: its fresh adapter's, whose random A matrices are seeded by the agent's name), loaded one
+    agent at a time, without a trainer (whose accelerator settings are one per process) or a generator."""
+    weights = {}
+    for agent, spec in cfg.agents.items():
+        model_dir = resolve_model(spec.model, seed=cfg.run.seed)
+        if spec.adapter is None:
+            weights[agent] = load_model(model_dir).state_dict()
+        else:
+            host = AdapterHost(str(model_dir), torch.device("cpu"))
+            weights[agent] = {k: v.detach().clone() for k, v in host.state(host.add(agent, spec.adapter)).items()}
+    return weights
 
 
 def _batch(outputs: list[NodeOutput]) -> TrainBatch:

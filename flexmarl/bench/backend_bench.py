@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from flexmarl.bench.decode_limit import decode_limit
-from flexmarl.models.loading import ModelError, load_tokenizer, resolve_model
+from flexmarl.models.loading import ModelError, load_model, load_tokenizer, resolve_model
 from flexmarl.rollout.backend import GenerationRequest
 from flexmarl.rollout.config import VLLMSettings, vllm_installed
 from flexmarl.rollout.hf_backend import HFBackend
@@ -107,6 +107,37 @@ def backend_throughput(
         "torch_threads": torch.get_num_threads(),
         **sampler,
     }
+
+
+def generate_throughput(model: str, batch: int = 16, new_tokens: int = 64, *, prompt_len: int = 32, group: int = 1,
+                        repeats: int = 2) -> dict:
+    """Plain ``model.generate`` on the hf backend's device (transformers' own loop: unseeded sampling at
+    temperature 1, no top-k or top-p, every response ``new_tokens`` long) on ``_requests``' prompts: the
+    reference the hf backend is held against."""
+    model_dir = resolve_model(model)
+    device = HFBackend.default_device()
+    lm = load_model(model_dir).to(device).eval()
+    pad_id = load_tokenizer(model_dir).pad_token_id
+
+    @torch.no_grad()
+    def run(round_: int) -> None:
+        requests = _requests(model_dir, batch, prompt_len, new_tokens, round_, group)
+        prompts = torch.tensor([r.prompt_ids for r in requests], device=device)
+        lm.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0, top_k=0,
+                    top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id)
+
+    run(0)  # warm-up
+    seconds = 0.0
+    for round_ in range(1, repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        run(round_)
+        _sync(device)
+        seconds += time.perf_counter() - start
+    tokens = batch * new_tokens * repeats
+    return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "batch": batch,
+            "new_tokens": new_tokens, "prompt_len": prompt_len, "group": group, "repeats": repeats,
+            "device": device.type}
 
 
 def sampler_seconds(batch: int, vocab: int, device: torch.device, *, repeats: int = 20) -> float:

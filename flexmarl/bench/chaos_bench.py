@@ -34,7 +34,7 @@ from flexmarl.config import RunConfig, load_config
 from flexmarl.orchestrator.coverage import training_coverage
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime
-from flexmarl.reference import DRIFT_TOLERANCE, reference_run, weight_drift
+from flexmarl.reference import DRIFT_TOLERANCE, initial_weights, weight_drift
 from flexmarl.run.plan import resume_config
 from flexmarl.run.prepare import prepare_run
 from flexmarl.run_start import max_staleness
@@ -213,7 +213,7 @@ def bench_chaos(
         shutil.rmtree(out_dir / "reference", ignore_errors=True)
         log("reference: an uninterrupted run")
         reference, ref_weights = train(cfg, out_dir / "reference", address)
-        start_weights = reference_run(cfg, steps=0)
+        start_weights = initial_weights(cfg)
         # how many tasks of each kind a run submits, so that a fault's point falls inside the run
         tasks = {"generate": sum(s.kind == "rollout" for s in reference.spans),
                  "train": sum(s.kind == "train" for s in reference.spans) - cfg.run.steps * len(cfg.agents)}

@@ -1,10 +1,17 @@
-"""The GPU figures in one run: ``python -m flexmarl.bench.gpu_check OUT_DIR [--smoke]`` writes OUT_DIR/gpu_check.json.
+"""The GPU figures in one run: ``python -m flexmarl.bench.gpu_check OUT_DIR [--smoke]`` writes
+OUT_DIR/gpu_check_<gpu>_<date>.json (``report_name``), e.g. ``gpu_check_h100_2026-12-06.json``.
 
 Written for a machine lent for minutes (``scripts/gpu_check.sh`` runs it there), so it downloads nothing and
 writes its JSON after every section: a section that fails records its error and the next one still runs.
 
 - ``rollout``: the hf backend's tokens/s at batch 16 / 64 / 256 (GRPO groups of 4) for a SmolLM2-135M and a
-  Qwen2-0.5B shaped model; vLLM's too where this Python has it (its GPU build does not travel to a lent machine).
+  Qwen2-0.5B shaped model, with its sampler's share of a decode step, beside plain ``model.generate`` at the same
+  batch and the roofline of a decode step on this GPU (``decode_limit``: weight and KV bytes at the measured
+  bandwidth, FLOPs at the measured matmul rate); vLLM's too where this Python has it (its GPU build does not
+  travel to a lent machine).
+- ``training``: one micro-batch's forward and backward (bf16 autocast on a GPU), tokens/s and model FLOPs
+  utilisation: 3x the forward's 2 FLOPs per linear weight per token (the vocabulary projection on response
+  tokens only, as the trainer computes it; attention left out), over the bf16 matmul rate measured here.
 - ``swap``: ``bench swap``'s legs for both (pinned against pageable host copies, bit-exact check).
 - ``weight_sync``: one update's weight sync in the pipeline's two legs: the trainer's copy to the host
   (``AgentTrainer.weights``) and the replica's load (``HFBackend.update_weights``).
@@ -41,7 +48,8 @@ SMOKE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "n
          "num_key_value_heads": 2}
 BATCHES, SMOKE_BATCHES = (16, 64, 256), (4, 8)
 NEW_TOKENS, PROMPT_LEN = 64, 64
-SECTIONS = ("rollout", "swap", "weight_sync", "pipeline")
+SECTIONS = ("rollout", "training", "swap", "weight_sync", "pipeline")
+TRAIN_BATCH, SMOKE_TRAIN_BATCH = 16, 4
 
 
 def build_models(out: Path, tokenizer_dir: Path, smoke: bool, names: set[str]) -> dict[str, Path]:
@@ -67,17 +75,64 @@ def build_models(out: Path, tokenizer_dir: Path, smoke: bool, names: set[str]) -
 
 
 def rollout(models: dict[str, Path], smoke: bool) -> dict:
-    from flexmarl.bench.backend_bench import backend_throughput
+    from flexmarl.bench.backend_bench import backend_throughput, generate_throughput
+    from flexmarl.bench.decode_limit import decode_limit
     from flexmarl.rollout.config import vllm_installed
 
     backends = ("hf", "vllm") if vllm_installed() else ("hf",)
     new_tokens = 8 if smoke else NEW_TOKENS
     out: dict = {"backends": list(backends)}
     for name, d in models.items():
-        out[name] = {str(b): {backend: backend_throughput(backend, str(d), b, new_tokens, prompt_len=PROMPT_LEN,
-                                                          repeats=1, group=4)
-                              for backend in backends}
-                     for b in (SMOKE_BATCHES if smoke else BATCHES)}
+        out[name] = {}
+        for b in SMOKE_BATCHES if smoke else BATCHES:
+            row = {backend: backend_throughput(backend, str(d), b, new_tokens, prompt_len=PROMPT_LEN, repeats=2,
+                                               group=4) for backend in backends}
+            row["generate"] = generate_throughput(str(d), b, new_tokens, prompt_len=PROMPT_LEN)
+            row["limit"] = decode_limit(d, batch=b, context=PROMPT_LEN + new_tokens // 2, seconds=0.1 if smoke else 0.5)
+            for result in (row[backend] for backend in (*backends, "generate")):
+                result["share_of_limit"] = result["tokens_per_s"] / row["limit"]["tokens_per_s"]
+            out[name][str(b)] = row
+            _log(f"rollout {name} batch {b}: hf {row['hf']['tokens_per_s']:.0f} tokens/s, generate "
+                 f"{row['generate']['tokens_per_s']:.0f}, roofline {row['limit']['tokens_per_s']:.0f}")
+    return out
+
+
+def training(models: dict[str, Path], smoke: bool, repeats: int = 3) -> dict:
+    from flexmarl.bench.decode_limit import matmul_flops_per_s, model_costs
+    from flexmarl.training.config import TrainerConfig
+    from flexmarl.training.trainer import AgentTrainer, TrainBatch
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    n, new_tokens = (SMOKE_TRAIN_BATCH, 8) if smoke else (TRAIN_BATCH, NEW_TOKENS)
+    peak = matmul_flops_per_s(device, torch.bfloat16 if cuda else torch.float32, seconds=0.2 if smoke else 1.0)
+    gen = torch.Generator().manual_seed(0)
+    out: dict = {"peak_matmul_tflops": peak / 1e12, "micro_batch": n, "prompt_len": PROMPT_LEN,
+                 "new_tokens": new_tokens, "mixed_precision": "bf16" if cuda else "no"}
+    for name, d in models.items():
+        config = TrainerConfig(mixed_precision=out["mixed_precision"], micro_batch_size=n)
+        trainer = AgentTrainer(name, d, config, temperature=1.0, max_new_tokens=new_tokens)
+        vocab = trainer.model.config.vocab_size
+        batch = TrainBatch(
+            sample_ids=[f"s{i}" for i in range(n)],
+            prompt_ids=[torch.randint(3, vocab, (PROMPT_LEN,), generator=gen).tolist() for _ in range(n)],
+            response_ids=[torch.randint(3, vocab, (new_tokens,), generator=gen, dtype=torch.int32) for _ in range(n)],
+            logprobs=[torch.full((new_tokens,), -5.0) for _ in range(n)],
+            advantages=[float(i % 3 - 1) for i in range(n)],
+            versions=[0] * n,
+        )
+        trainer.begin_step()
+        trainer.accumulate(batch)  # warm-up
+        step_s = statistics.median(timed(lambda b=batch, t=trainer: t.accumulate(b)) for _ in range(repeats))
+        cfg = trainer.model.config
+        head = 2 * cfg.vocab_size * cfg.hidden_size
+        tokens = n * (PROMPT_LEN + new_tokens)
+        # forward and a backward of twice its FLOPs; the vocabulary projection only where a response token is
+        flops = 3 * ((model_costs(d)["linear_flops_per_token"] - head) * tokens + head * n * new_tokens)
+        out[name] = {"step_s": step_s, "tokens_per_s": tokens / step_s, "flops": flops,
+                     "mfu": flops / step_s / peak}
+        _log(f"training {name}: {tokens / step_s:.0f} tokens/s, MFU {out[name]['mfu']:.1%}")
+        trainer.close()
     return out
 
 
@@ -127,13 +182,20 @@ def pipeline(models: dict[str, Path], smoke: bool, work_dir: Path, out_dir: Path
     return report
 
 
+def report_name(device: str, day: str | None = None) -> str:
+    """``gpu_check_<gpu>_<date>.json``: the GPU's model number from its name ("NVIDIA H100 80GB HBM3" -> h100),
+    or ``cpu``, and today's date, as docs/results keeps them."""
+    gpu = next((w.lower() for w in device.split() if any(c.isdigit() for c in w)), device.split()[-1].lower())
+    return f"gpu_check_{gpu}_{day or time.strftime('%Y-%m-%d')}.json"
+
+
 def _log(line: str) -> None:
     print(f"[gpu_check {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
 def run(out_dir: Path, tokenizer_dir: Path, *, work_dir: Path | None = None, smoke: bool = False,
         sections: tuple[str, ...] = SECTIONS, pipeline_repeats: int = 2) -> dict:
-    """Every section in turn; ``out_dir/gpu_check.json`` is rewritten after each one. Models and run directories
+    """Every section in turn; the JSON (``report_name``) is rewritten after each one. Models and run directories
     go to ``work_dir`` (``out_dir/work`` by default): out_dir keeps only the JSON and the timelines."""
     work_dir = work_dir or out_dir / "work"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +204,7 @@ def run(out_dir: Path, tokenizer_dir: Path, *, work_dir: Path | None = None, smo
     # the pipeline runs SmolLM2-shaped agents only
     names = {"smollm2-135m"} | ({"qwen2-0.5b"} if set(sections) - {"pipeline"} else set())
     models = build_models(work_dir, tokenizer_dir, smoke, names)
-    steps = {"rollout": rollout, "swap": swap, "weight_sync": weight_sync,
+    steps = {"rollout": rollout, "training": training, "swap": swap, "weight_sync": weight_sync,
              "pipeline": lambda m, s: pipeline(m, s, work_dir, out_dir, pipeline_repeats)}
     for section in sections:
         _log(f"{section}: starting")
@@ -153,7 +215,7 @@ def run(out_dir: Path, tokenizer_dir: Path, *, work_dir: Path | None = None, smo
             report[section] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
             _log(f"{section}: FAILED {type(exc).__name__}: {exc}")
         report.setdefault("seconds", {})[section] = time.perf_counter() - start
-        (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+        (out_dir / report_name(report["device"])).write_text(json.dumps(report, indent=2, default=str))
         _log(f"{section}: {report['seconds'][section]:.1f} s")
     return report
 

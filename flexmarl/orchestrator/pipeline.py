@@ -156,6 +156,7 @@ class PipelineRunner:
         self.spans: list[Span] = []
         self.updates: list[UpdateEvent] = []
         self.state_moves: list[StateMove] = []
+        self.syncs: list[WeightSynced] = []
         self.store_read_s = self.driver_wait_s = 0.0
         self.stop_requested: StopFlag = threading.Event()
         self.moves_told = self.recoveries_told = 0  # how much of each list `on_event` has seen
@@ -226,7 +227,7 @@ class PipelineRunner:
                               balancer.moves if (balancer := sched.rollout.balancer) else [], sched.rollout.queue_trace,
                               self.state_moves,
                               c.generated, c.reused, sched.recovery.recoveries,
-                              max(time.time() - self.t0 - self.driver_wait_s, 0.0))
+                              max(time.time() - self.t0 - self.driver_wait_s, 0.0), self.syncs)
 
     # ------------------------------------------------------------------ what the caller is told
 
@@ -452,8 +453,8 @@ class PipelineRunner:
             return
         if isinstance(job, Finish):
             self.finished_steps.setdefault(job.agent, []).append(value)
-        elif isinstance(job, Sync) and value != job.version:
-            raise WeightSyncError(f"replica {job.worker} of agent {job.agent!r} reports v{value} after a sync "
+        elif isinstance(job, Sync) and value.version != job.version:
+            raise WeightSyncError(f"replica {job.worker} of agent {job.agent!r} reports v{value.version} after a sync "
                                   f"to v{job.version}")
         elif isinstance(job, MoveState):
             self.parks.pop(job.agent, None)
@@ -470,7 +471,8 @@ class PipelineRunner:
             fetch = self.weights.get(job.agent)
             if last and fetch is not None and fetch.version == job.version:
                 del self.weights[job.agent]  # lets Dask free the fetched copies: a 135M model's are 651 MB each
-            self._notify(WeightSynced(job.agent, job.version, job.worker, end - start, last))
+            self.syncs.append(WeightSynced(job.agent, job.version, job.worker, end - start, value.nbytes, last))
+            self._notify(self.syncs[-1])
         if job.kind in (JobKind.RESTORE, JobKind.START_REPLICA, JobKind.CATCH_UP):
             sched.recovery.check_recovered(time.time())
 

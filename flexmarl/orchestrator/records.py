@@ -51,7 +51,8 @@ class WeightSynced:
     agent: str
     version: int
     worker: str
-    seconds: float
+    seconds: float  # the sync job's time: the weights' transfer from the trainer and their load
+    nbytes: int  # bytes the replica took in (0 when it held the version already)
     all_synced: bool
 
 
@@ -124,6 +125,7 @@ class PipelineResult:
     recoveries: list[Recovery] = field(default_factory=list)  # lost or hung workers, each as it ended
     # the driver loop's time not spent waiting for a job to finish: dispatch, scoring, commits, supervision
     driver_busy_s: float = 0.0
+    syncs: list[WeightSynced] = field(default_factory=list)  # every replica's weight sync
 
     def driver_busy_share(self) -> float:
         """The share of the pipeline's wall time that its one driver loop was busy (near 1: the driver limits)."""

@@ -208,7 +208,7 @@ class RecoveryPlanner:
 
     def done(self, job: Job, value: object) -> None:
         """A rebuild finished: a trainer restored, an engine started (``value``: nothing) or caught up
-        (``value``: the version it reports)."""
+        (``value``: its ``WeightsLoaded``)."""
         agent = job.agent
         if job.kind is JobKind.RESTORE:
             self.training.restored(agent, job.worker)
@@ -221,7 +221,7 @@ class RecoveryPlanner:
                 self.emit(CatchUp(agent, job.worker, latest))
             self._open_replicas(job.worker)
         elif job.kind is JobKind.CATCH_UP:
-            self.rollout.caught_up(agent, job.worker, int(value))
+            self.rollout.caught_up(agent, job.worker, value.version)
         self.touch(agent)
 
     def _resync(self, agent: str) -> None:

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 import pyarrow.compute as pc
 
 from flexmarl.config import RunConfig
-from flexmarl.orchestrator.records import PipelineResult
+from flexmarl.orchestrator.records import PipelineResult, WeightSynced
 from flexmarl.orchestrator.runtime import RunContext
 from storage.store import EPISODES, UPDATES, ExperienceStore
+
+
+def weight_sync_costs(syncs: list[WeightSynced], agents: Iterable[str]) -> dict[str, dict]:
+    """Each agent's weight syncs: how many replica loads, and per update (a version its replicas took) the
+    bytes sent and the seconds the replicas spent taking them, summed over its replicas."""
+    costs = {}
+    for agent in agents:
+        mine = [s for s in syncs if s.agent == agent]
+        updates = max(len({s.version for s in mine if s.nbytes > 0}), 1)
+        costs[agent] = {"replica_syncs": len(mine), "bytes_per_update": sum(s.nbytes for s in mine) / updates,
+                        "seconds_per_update": sum(s.seconds for s in mine if s.nbytes > 0) / updates}
+    return costs
 
 
 def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wall_s: float) -> dict:
@@ -23,6 +36,7 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
         if not span.background:  # a prefetch read overlaps the worker's tasks
             worker_busy[span.worker] += span.end - span.start
     agents = {}
+    sync_costs = weight_sync_costs(result.syncs, cfg.agents)
     for agent in cfg.agents:
         samples = store.read_samples(agent, columns=["step", "reward", "response_ids", "parsed"])
         mine = update_rows.filter(pc.field("agent") == agent)
@@ -45,6 +59,7 @@ def build_report(ctx: RunContext, cfg: RunConfig, result: PipelineResult, *, wal
             "update_finished_s": [u.finished_at for u in events],
             "skipped_updates": sum(u.skipped for u in events),
             "busy_s": dict(busy[agent]),
+            "weight_sync": sync_costs[agent],
         }
     outcomes = store.read(EPISODES, columns=["outcome"])["outcome"]
     return {

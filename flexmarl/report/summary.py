@@ -27,6 +27,7 @@ def agent_rows(run: RunDirectory, series: Mapping[str, AgentSeries], report: dic
         losses = [v for v in s.loss if v is not None]
         stale = [v for v in s.staleness if v is not None]
         rate = [v for v in s.tokens_per_s if v is not None]
+        sync = counts.get("weight_sync", {})
         rows.append({
             "agent": agent,
             "model": run.config.agents[agent].model,
@@ -41,6 +42,9 @@ def agent_rows(run: RunDirectory, series: Mapping[str, AgentSeries], report: dic
             "staleness_mean": _round(sum(stale) / len(stale)) if stale else None,
             "tokens_per_s_mean": _round(sum(rate) / len(rate)) if rate else None,
             "skipped_updates": sum(s.skipped),
+            # what one update's weight sync costs: bytes to all the agent's replicas, and their seconds
+            "sync_mb_per_update": _round(sync["bytes_per_update"] / 1e6) if sync else None,
+            "sync_s_per_update": _round(sync["seconds_per_update"]) if sync else None,
         })
     return rows
 
@@ -75,7 +79,7 @@ def render_summary(
     rows = agent_rows(run, series, report)
     cols = ["agent", "model", "policy_version", "updates", "samples_generated", "samples_trained",
             "mean_reward_first", "mean_reward_last", "loss_last", "staleness_mean", "tokens_per_s_mean",
-            "skipped_updates"]
+            "skipped_updates", "sync_mb_per_update", "sync_s_per_update"]
     lines += _table(cols, [[r[c] for c in cols] for r in rows])
     lines += ["", "## Versions", "",
               "Mean reward of each training step's samples, the seconds since the start at which each update "

@@ -47,6 +47,15 @@ class WeightUpdate:
     state: dict[str, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class WeightsLoaded:
+    """A replica's answer to a weight sync: the version it holds afterwards, and the bytes it took in (0 when
+    it held that version already)."""
+
+    version: int
+    nbytes: int
+
+
 class WeightSyncError(RuntimeError):
     """A weight update that was refused or did not arrive; names the agent, replica and version."""
 

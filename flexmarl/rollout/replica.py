@@ -20,6 +20,7 @@ from flexmarl.rollout.backend import (
     GenerationBackend,
     GenerationRequest,
     GenerationResult,
+    WeightsLoaded,
     WeightSyncError,
     WeightUpdate,
 )
@@ -27,6 +28,7 @@ from flexmarl.rollout.config import RolloutConfig
 from flexmarl.rollout.hf_backend import HFBackend
 from flexmarl.rollout.vllm_adapter_backend import VLLMAdapterBackend
 from flexmarl.rollout.vllm_backend import VLLMBackend
+from flexmarl.training.state import tensor_bytes
 
 
 def _key(key: EngineKey | str) -> str:
@@ -74,16 +76,16 @@ def generate(key: EngineKey, requests: list[GenerationRequest]) -> list[Generati
     return replica(key).generate(requests)
 
 
-def load_weights(key: EngineKey, version: int, state: dict[str, torch.Tensor]) -> int:
-    """Apply a version-tagged weight update; returns the replica's version afterwards."""
+def load_weights(key: EngineKey, version: int, state: dict[str, torch.Tensor]) -> WeightsLoaded:
+    """Apply a version-tagged weight update."""
     backend = replica(key)
     if version <= backend.version:
-        return backend.version  # a re-run of an update already applied: nothing to do
+        return WeightsLoaded(backend.version, 0)  # a re-run of an update already applied: nothing to do
     try:
         backend.update_weights(WeightUpdate(str(key), version, state))
     except WeightSyncError as exc:
         raise WeightSyncError(f"replica on {worker_address()}: {exc}") from None
-    return backend.version
+    return WeightsLoaded(backend.version, tensor_bytes(state))
 
 
 def read_weights(uri: str, storage_options: dict | None = None) -> dict[str, torch.Tensor]:
@@ -106,8 +108,8 @@ def restart_replica(
     return worker_address()
 
 
-def load_weights_from(key: EngineKey, version: int, weights_uri: str, storage_options: dict) -> int:
+def load_weights_from(key: EngineKey, version: int, weights_uri: str, storage_options: dict) -> WeightsLoaded:
     """``load_weights`` from a training-state snapshot that every worker reaches, not from a trainer's memory."""
     if version <= replica(key).version:
-        return replica(key).version
+        return WeightsLoaded(replica(key).version, 0)
     return load_weights(key, version, read_weights(weights_uri, storage_options))

@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from flexmarl.orchestrator.records import PipelineResult, Recovery, Span, StateMove, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, Recovery, Span, StateMove, UpdateEvent, WeightSynced
 from flexmarl.rollout.balancer import Move
 
 FORMAT = 1  # bumped when the layout changes, so that an old file is refused with a clear error
@@ -43,6 +43,7 @@ def write_timeline(result: PipelineResult, path: Path) -> Path:
         "samples_reused": result.samples_reused,
         "recoveries": [asdict(r) for r in result.recoveries],
         "driver_busy_s": result.driver_busy_s,
+        "syncs": [asdict(s) for s in result.syncs],
     }
     path.write_text(json.dumps(data))
     return path
@@ -78,4 +79,5 @@ def read_timeline(path: Path) -> PipelineResult:
         samples_reused=data.get("samples_reused", 0),
         recoveries=[Recovery(**{**r, "workers": tuple(r["workers"])}) for r in data.get("recoveries", [])],
         driver_busy_s=data.get("driver_busy_s", 0.0),
+        syncs=[WeightSynced(**s) for s in data.get("syncs", [])],
     )

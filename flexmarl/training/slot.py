@@ -127,7 +127,11 @@ def park(key: EngineKey, location: str, storage_options: dict) -> int:
     for a rank that joins its group (the state of the step's start; this trainer keeps its gradient sum): a
     state moves between steps.
     """
-    return HostCopy.capture(trainer(key), during_step=True).write(location, storage_options)
+    copy = HostCopy.capture(trainer(key), during_step=True)
+    try:
+        return copy.write(location, storage_options)
+    finally:
+        copy.release()
 
 
 def drop_trainer(key: EngineKey) -> bool:

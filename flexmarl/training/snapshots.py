@@ -168,6 +168,7 @@ def _write(copy: HostCopy, uri: str, storage_options: dict, lock: FileLock | Non
         log.exception("the background write of %s failed; the agent's next snapshot raises it", uri)
         raise
     finally:
+        copy.release()
         if lock is not None:
             lock.release()
 

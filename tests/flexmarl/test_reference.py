@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from flexmarl.bench.pipeline_bench import MODES, run_mode
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import load_config
-from flexmarl.reference import DRIFT_TOLERANCE, reference_run, weight_drift
+from flexmarl.reference import DRIFT_TOLERANCE, initial_weights, reference_run, weight_drift
 
 SMALL = ["run.steps=2", "run.queries_per_step=4", "run.group_size=2", "training.micro_batch_size=4"]
 
@@ -25,7 +26,7 @@ def test_the_pipelined_schedule_trains_the_weights_of_the_plain_synchronous_loop
     cfg = load_config(preset="fan_out", overrides=[*SMALL, *MODES["flexmarl"]])
     with open_cluster(ClusterConfig(n_workers=2)) as address:
         _, pipelined = run_mode(cfg, tmp_path / "run", address)
-    reference, start = reference_run(cfg), reference_run(cfg, steps=0)
+    reference, start = reference_run(cfg), initial_weights(cfg)
     assert weight_drift(reference, pipelined, start) <= DRIFT_TOLERANCE
     # the weights moved by far more than the tolerance, or the comparison would pass for two untrained models
     # (an agent whose groups all got one reward has no gradient: the solver's did not)
@@ -45,7 +46,7 @@ def test_adapter_agents_train_in_the_pipeline_the_adapters_of_the_plain_synchron
     with open_cluster(ClusterConfig(n_workers=2)) as address:
         _, pipelined = run_mode(cfg, tmp_path / "run", address)
     assert all(all("lora_" in name for name in weights) for weights in pipelined.values())  # synced: adapters only
-    reference, start = reference_run(cfg), reference_run(cfg, steps=0)
+    reference, start = reference_run(cfg), initial_weights(cfg)
     assert weight_drift(reference, pipelined, start) <= DRIFT_TOLERANCE
     assert max_diff({"solver": start["solver"]}, {"solver": reference["solver"]}) > 1e-3
 
@@ -65,6 +66,21 @@ def test_trainer_groups_over_two_slots_train_the_weights_of_the_plain_synchronou
     # which micro-batches a rank gets depends on timing; over two steps the joined rank always gets some
     assert any(a == "verifier" and n == 2 for a, _, n in ranks), ranks
     assert all(n == 1 for a, _, n in ranks if a == "solver"), ranks
-    reference, start = reference_run(cfg), reference_run(cfg, steps=0)
+    reference, start = reference_run(cfg), initial_weights(cfg)
     assert weight_drift(reference, pipelined, start) <= DRIFT_TOLERANCE
     assert max_diff({"verifier": start["verifier"]}, {"verifier": reference["verifier"]}) > 1e-3
+
+
+@pytest.mark.parametrize("extra", [[], [f"agents.{a}.adapter={{r: 4, alpha: 8}}" for a in ("solver", "verifier")]],
+                         ids=["full", "adapters"])
+def test_initial_weights_are_the_reference_loops_before_its_first_step(extra) -> None:
+    cfg = load_config(preset="tiny", overrides=extra)
+    assert max_diff(reference_run(cfg, steps=0), initial_weights(cfg)) == 0.0
+
+
+def test_drift_measures_the_difference_against_the_move() -> None:
+    start = {"a": {"w": torch.zeros(4)}}
+    moved = {"a": {"w": torch.tensor([1.0, 1.0, 1.0, 1.0])}}
+    assert weight_drift(moved, {"a": {"w": torch.tensor([1.0, 1.0, 1.0, 1.02])}}, start) == pytest.approx(0.01)
+    assert weight_drift(start, start, start) == 0.0
+    assert weight_drift(start, moved, start) == float("inf")  # an agent that did not move must be equal

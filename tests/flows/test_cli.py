@@ -10,6 +10,9 @@ from pathlib import Path
 
 import yaml
 
+from flexmarl.models.loading import load_model, resolve_model
+from flexmarl.training.state import tensor_bytes
+
 FLEXMARL = [sys.executable, "-m", "flows.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,6 +59,10 @@ def test_train_tiny_from_the_command_line_then_inspect_the_store(tmp_path: Path)
         half = a["samples_generated"] // 2
         assert info["agents"][agent]["by_version"] == {"0": half, "1": half}
         assert info["tables"][f"samples/{agent}"]["rows"] == a["samples_generated"]
+        # each update's weights reached the agent's replicas: at least one whole model's bytes, timed
+        sync = a["weight_sync"]
+        assert sync["replica_syncs"] >= 1 and sync["seconds_per_update"] > 0, sync
+        assert sync["bytes_per_update"] >= tensor_bytes(load_model(resolve_model("tiny")).state_dict()), sync
 
     # the run's store holds every invariant (unique ids, contiguous versions, on-policy consumption, parents)
     res = run(["store", "verify", str(run_dir)], tmp_path)

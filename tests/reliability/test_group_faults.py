@@ -11,14 +11,15 @@ import pytest
 from flexmarl.bench.chaos_bench import RankFault, train
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
-from flexmarl.reference import reference_run
+from flexmarl.reference import initial_weights, reference_run
 from flexmarl.run.plan import resume_config
 
 from .conftest import check_exact
 from .test_worker_faults import recovery_of, run_with_fault
 
-# Two agents on three workers, eight micro-batches per agent and step (one query each): the verifier (the agent
-# with a gradient: the tiny solver is never right) grows into the idle third slot; the solver keeps one.
+# Two agents on three workers, eight micro-batches per agent and step (one query each): the verifier grows into
+# the idle third slot; the solver keeps one. The verifier has a gradient at the reliability tests' seed, so its
+# all-reduce shows in its weights (``moved``).
 GROUPS = ["run.queries_per_step=8", "training.micro_batch_size=4", "training.max_slots=2",
           "agents.solver.training.max_slots=1", "run.snapshot_every=1"]
 
@@ -40,6 +41,7 @@ def test_a_rank_killed_mid_step_is_recovered_and_the_weights_equal_the_plain_loo
     recovery_of(result, fault.worker)
     assert fault.worker not in trainers.values()
     check_exact(tmp_path / "run", cfg, weights, reference_run(cfg))
+    assert moved(cfg, weights, "verifier")
 
 
 @pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
@@ -55,3 +57,9 @@ def test_a_run_resumed_at_another_group_size_continues_exactly(tmp_path: Path, a
     result, weights = train(resumed, run_dir, address, resume=True)
     assert max(u.metrics["ranks"] for u in result.updates) == then and min(u.step for u in result.updates) == 2
     check_exact(run_dir, resumed, weights, reference_run(resumed))
+    assert moved(resumed, weights, "verifier")
+
+
+def moved(cfg, weights: dict, agent: str) -> bool:
+    start = initial_weights(cfg)[agent]
+    return max(float((weights[agent][k] - start[k]).abs().max()) for k in start) > 1e-4

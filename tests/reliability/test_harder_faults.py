@@ -23,7 +23,7 @@ from flexmarl.cluster.local import connect
 from flexmarl.config import RunConfig
 from flexmarl.models.loading import resolve_model
 from flexmarl.orchestrator.coverage import training_coverage
-from flexmarl.reference import DRIFT_TOLERANCE, reference_run, weight_drift
+from flexmarl.reference import DRIFT_TOLERANCE, initial_weights, weight_drift
 from flexmarl.run.plan import resume_config
 from flexmarl.training.replay import recorded_updates, replay
 from flexmarl.training.snapshots import SNAPSHOTS
@@ -117,7 +117,7 @@ def test_a_run_with_stale_samples_resumes_to_the_replay_of_its_own_store(
     for agent in cfg.agents:
         rows = store.read_samples(agent, columns=["step", "policy_version"])
         assert pc.all(pc.greater_equal(rows["policy_version"], pc.subtract(rows["step"], 1))).as_py()
-    start = reference_run(cfg, steps=0)
+    start = initial_weights(cfg)
     assert weight_drift(replayed_weights(run_dir, cfg), weights, start) <= DRIFT_TOLERANCE
 
 

@@ -9,7 +9,9 @@ import pytest
 
 import torch
 
-from flexmarl.bench.backend_bench import _requests, backend_throughput, compare_backends, vllm_in_subprocess
+from flexmarl.bench.backend_bench import (
+    _requests, backend_throughput, compare_backends, generate_throughput, vllm_in_subprocess,
+)
 from flexmarl.bench.decode_limit import decode_limit, linear_step_seconds, model_costs
 from flexmarl.models.loading import load_model, resolve_model
 from flexmarl.rollout.config import vllm_installed
@@ -23,7 +25,15 @@ def _check_counts(result: dict, batch: int, new_tokens: int, repeats: int) -> No
 
 
 def test_hf_throughput_counts_the_generated_tokens(model_cache) -> None:
-    _check_counts(backend_throughput("hf", "tiny", batch=4, new_tokens=8, repeats=2), 4, 8, 2)
+    result = backend_throughput("hf", "tiny", batch=4, new_tokens=8, repeats=2)
+    _check_counts(result, 4, 8, 2)
+    assert result["sampler_s_per_step"] > 0 and 0 < result["sampler_share"] < 1
+
+
+def test_plain_generate_makes_every_response_full_length(model_cache) -> None:
+    result = generate_throughput("tiny", batch=4, new_tokens=8, prompt_len=6, repeats=2)
+    assert result["tokens"] == 2 * 4 * 8
+    assert result["tokens_per_s"] == pytest.approx(result["tokens"] / result["seconds"])
 
 
 def test_an_unknown_backend_is_refused(model_cache) -> None:
@@ -56,6 +66,13 @@ def test_the_decode_limit_is_the_slower_of_compute_and_memory(model_cache) -> No
         assert limit["kernel_tokens_per_s"] == pytest.approx(batch / limit["linear_step_s"])
         assert limit["linear_gb_s"] == pytest.approx(costs["weight_bytes"] / limit["linear_step_s"] / 1e9)
     assert one["bound"] == "memory" and many["bound"] == "compute"  # a batch shares each weight read
+    # each sequence reads its own KV cache: a key and a value per layer and position
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4
+    assert many["kv_bytes"] == 4096 * 16 * per_position
+    assert many["memory_tokens_per_s"] == pytest.approx(
+        4096 * many["memory_gb_s"] * 1e9 / (costs["weight_bytes"] + many["kv_bytes"]))
     assert one["flops_per_token"] == costs["linear_flops_per_token"] + 4 * model.config.num_hidden_layers * \
         model.config.hidden_size * 16
 

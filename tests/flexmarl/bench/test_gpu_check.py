@@ -25,12 +25,19 @@ def smollm2() -> Path:
 def test_every_section_reports_on_cpu_at_smoke_size(tmp_path: Path, smollm2: Path) -> None:
     out = tmp_path / "out"
     report = gpu_check.run(out, smollm2, work_dir=tmp_path / "work", smoke=True, pipeline_repeats=1)
-    assert json.loads((out / "gpu_check.json").read_text()) == json.loads(json.dumps(report, default=str))
-    assert not [s for s in gpu_check.SECTIONS if "error" in report[s]], {s: report[s].get("error") for s in report}
+    name = gpu_check.report_name("cpu")
+    assert json.loads((out / name).read_text()) == json.loads(json.dumps(report, default=str))
+    failed = {s: report[s]["traceback"] for s in gpu_check.SECTIONS if "error" in report[s]}
+    assert not failed, failed
     for model in MODELS:
         rows = report["rollout"][model]
         assert set(rows) == {str(b) for b in gpu_check.SMOKE_BATCHES}
         assert all(r["hf"]["tokens_per_s"] > 0 and r["hf"]["batch"] == int(b) for b, r in rows.items())
+        for r in rows.values():  # beside plain generate and the roofline, each as a share of the roofline
+            assert r["generate"]["tokens_per_s"] > 0 and r["limit"]["tokens_per_s"] > 0
+            assert r["hf"]["share_of_limit"] == r["hf"]["tokens_per_s"] / r["limit"]["tokens_per_s"]
+        training = report["training"][model]
+        assert training["tokens_per_s"] > 0 and 0 < training["mfu"] < 1
         sync = report["weight_sync"][model]
         assert sync["bytes"] > 0 and sync["to_host_s"] > 0 and sync["load_s"] > 0
     # the adapter agent's state is a small part of its model's
@@ -40,7 +47,7 @@ def test_every_section_reports_on_cpu_at_smoke_size(tmp_path: Path, smollm2: Pat
     pipeline = report["pipeline"]
     assert pipeline["weights_match_sync"] and set(pipeline["modes"]) == {"sync", "flexmarl"}
     # out keeps the JSON and the pictures; models and run directories stay in the work directory
-    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "timeline_flexmarl.png", "timeline_sync.png"]
+    assert sorted(p.name for p in out.iterdir()) == [name, "timeline_flexmarl.png", "timeline_sync.png"]
 
 
 def test_a_failing_section_is_recorded_and_the_next_still_runs(
@@ -53,3 +60,9 @@ def test_a_failing_section_is_recorded_and_the_next_still_runs(
     report = gpu_check.run(tmp_path / "out", smollm2, smoke=True, sections=("swap", "weight_sync"))
     assert report["swap"]["error"] == "RuntimeError: no pinned memory"
     assert set(report["weight_sync"]) == set(MODELS) and set(report["seconds"]) == {"swap", "weight_sync"}
+
+
+def test_the_report_is_named_after_the_gpu_and_the_day() -> None:
+    assert gpu_check.report_name("NVIDIA H100 80GB HBM3", "2026-12-06") == "gpu_check_h100_2026-12-06.json"
+    assert gpu_check.report_name("NVIDIA H200", "2026-12-04") == "gpu_check_h200_2026-12-04.json"
+    assert gpu_check.report_name("cpu", "2026-12-06") == "gpu_check_cpu_2026-12-06.json"

@@ -15,7 +15,7 @@ from flexmarl.bench.pipeline_bench import MODES, run_mode
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.config import load_config
-from flexmarl.reference import DRIFT_TOLERANCE, reference_run, weight_drift
+from flexmarl.reference import DRIFT_TOLERANCE, initial_weights, weight_drift
 from flexmarl.workloads.registry import REWARDS
 from storage.store import ExperienceStore
 
@@ -38,7 +38,7 @@ def run(mode: str, tmp_path: Path, address: str, workload: str = "fan_out"):
 
 def drift(a: dict, b: dict, cfg) -> float:
     """``b``'s distance from ``a`` as a share of ``a``'s move from the starting weights (``weight_drift``)."""
-    return weight_drift(a, b, reference_run(cfg, steps=0))
+    return weight_drift(a, b, initial_weights(cfg))
 
 
 def test_staleness_zero_schedules_train_the_sync_weights(tmp_path: Path, address: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.orchestrator.records import PipelineResult, Recovery, Span, StateMove, UpdateEvent
+from flexmarl.orchestrator.records import PipelineResult, Recovery, Span, StateMove, UpdateEvent, WeightSynced
 from flexmarl.rollout.balancer import Move
 from flexmarl.run.timeline_file import read_timeline, write_timeline
 
@@ -23,6 +23,7 @@ def test_a_written_timeline_reads_back_equal(tmp_path: Path) -> None:
         moves=[Move(1.2, "verifier", "solver", 0.0, 6.0)], queue_trace=[(0.0, "solver", 8), (1.5, "solver", 0)],
         state_moves=[StateMove("solver", "w1", 0.3, True, 0.2)], samples_generated=24, samples_reused=8,
         recoveries=[Recovery(("w2",), "lost", 1002.0, 1003.5)], driver_busy_s=1.5,
+        syncs=[WeightSynced("solver", 1, "w0", 0.25, 538_000_000, True)],
     )
     # every field: the flow's report is built from this file, so a field left out reads back as its default
     defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(PipelineResult)

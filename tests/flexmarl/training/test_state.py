@@ -8,7 +8,8 @@ import torch
 from flexmarl.bench.swap_bench import same_state
 from flexmarl.models.loading import resolve_model
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
+from flexmarl.training import state as state_module
+from flexmarl.training.state import DEVICE, HOST, HostCopy, HostPool, TrainingState
 from flexmarl.training.trainer import AgentTrainer
 
 from .test_trainer import make_batch
@@ -114,3 +115,39 @@ def test_swap_benchmark_reports_every_leg_and_a_bit_exact_round_trip(model_cache
     # a LoRA adapter agent's state: its adapter and Adam moments only, a small part of the full state, as exact
     lora = report["adapters"]["tiny"]
     assert lora["r"] == 8 and lora["bit_exact"] and 0 < lora["state_bytes"] < tiny["state_bytes"] / 5
+
+
+def test_state_moves_take_host_buffers_from_the_pool_and_give_them_back(tiny_dir, monkeypatch) -> None:
+    """A GPU worker's pool keeps buffers given back (pinned there): a park to host after a resume takes the
+    same buffers again, allocating nothing, and the round trips stay bit-exact."""
+    pool = HostPool(pin=False, keep=True)
+    monkeypatch.setattr(state_module, "HOST_POOL", pool)
+    a = trained(tiny_dir)
+    before = HostCopy.capture(a)
+
+    def moved() -> list[torch.Tensor]:  # what a move carries: weights and moments (the step counts stay)
+        return [*a.params.values(), *(v for s in a.optimizer.state.values() for v in s.values() if v.dim() > 0)]
+
+    state = TrainingState.of(a).to(HOST)
+    parked, allocated = {t.data_ptr() for t in moved()}, pool.allocated_bytes
+    state.to(DEVICE)
+    assert pool.free_bytes == sum(t.numel() * t.element_size() for t in moved())
+    state.to(HOST)
+    assert {t.data_ptr() for t in moved()} == parked and pool.allocated_bytes == allocated
+    state.to(DEVICE)
+    assert same_state(before, HostCopy.capture(a))
+
+
+def test_a_copy_applied_onto_host_memory_gives_back_only_what_the_trainer_did_not_keep(tiny_dir, monkeypatch) -> None:
+    """A trainer on host memory keeps the optimizer tensors it is given (torch's load_state_dict does not copy
+    them there): those must not go back to the pool, or the next move would write over the trainer's moments."""
+    pool = HostPool(pin=False, keep=True)
+    monkeypatch.setattr(state_module, "HOST_POOL", pool)
+    b = AgentTrainer("solver", tiny_dir, CONFIG, temperature=1.0)
+    HostCopy.capture(trained(tiny_dir)).apply(b)
+    with monkeypatch.context() as m:  # a copy in buffers of its own, none of the pool's
+        m.setattr(state_module, "HOST_POOL", HostPool(pin=False, keep=False))
+        expected = HostCopy.capture(b)
+    for t in [*expected.weights.values(), *expected.optimizer.values()]:
+        pool.take(t).fill_(7.0)  # the next moves' buffers, written
+    assert same_state(expected, HostCopy.capture(b))

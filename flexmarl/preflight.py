@@ -19,10 +19,12 @@ import os
 import tempfile
 from pathlib import Path
 
+from dask.utils import format_bytes
+
 from flexmarl.cluster.worker_python import check_worker_python
-from flexmarl.config import RunConfig
+from flexmarl.config import ConfigError, RunConfig
 from flexmarl.models.adapters import check_adapter_targets
-from flexmarl.models.loading import BUILTIN_MODELS, ModelError, check_model_dir, resolve_model
+from flexmarl.models.loading import BUILTIN_MODELS, ModelError, check_model_dir, meta_model, resolve_model
 from flexmarl.run.layout import store_uri
 from flexmarl.workloads.datasets import load_problems
 
@@ -34,7 +36,8 @@ class RunLocationError(RuntimeError):
 
 
 def check_inputs(cfg: RunConfig) -> None:
-    """Every model and the data the config names can be read. Builds or converts each model once (cached).
+    """Every model and the data the config names can be read, and each full-model agent's training state fits a
+    worker (``check_training_memory``). Builds or converts each model once (cached).
 
     Raises:
         ModelError: a model file whose header does not parse, or a tokenizer that does not fit its model
@@ -43,6 +46,7 @@ def check_inputs(cfg: RunConfig) -> None:
             answer has no final number (file and line named), an empty file.
         WorkerPythonError: a ``cluster.worker_python`` that cannot run the workers (or lacks vLLM, where the
             rollout needs it).
+        ConfigError: an agent's training state over a worker's memory limit.
     """
     for name, agent in cfg.agents.items():
         try:
@@ -62,6 +66,48 @@ def check_inputs(cfg: RunConfig) -> None:
                 raise ModelError(f"agents.{name}.{exc}") from None
     load_problems(cfg.data)
     check_worker_python(cfg.cluster, needs_vllm=cfg.rollout.backend == "vllm")
+    check_training_memory(cfg)
+
+
+STATE_BYTES_PER_PARAMETER = 4 + 4 + 8 + 8
+"""A full-model trainer at its optimizer step: float32 weights and gradient, the two AdamW moments, and the float64
+gradient sum the micro-batches add into (``AgentTrainer.begin_step``)."""
+
+
+def training_state_bytes(model_dir: Path, *, kl: bool) -> int:
+    """What one full-model trainer of ``model_dir`` holds at its optimizer step, activations left out (a lower
+    bound); ``kl``: with the frozen reference copy that a KL penalty reads."""
+    unique = {id(p): p for p in meta_model(model_dir).parameters()}.values()
+    params = sum(p.numel() for p in unique)
+    return params * (STATE_BYTES_PER_PARAMETER + (4 if kl else 0))
+
+
+def check_training_memory(cfg: RunConfig) -> None:
+    """Each full-model agent's training state fits a LocalCluster worker's memory limit (checked against the
+    lower bound ``training_state_bytes``; a cluster at ``cluster.address`` is not checked here).
+
+    Raises:
+        ConfigError: naming the agent, both sizes and the fixes.
+    """
+    limit = cfg.cluster.worker_memory_bytes()
+    if limit is None:
+        return
+    for name, agent in cfg.agents.items():
+        if agent.adapter is not None:  # an adapter's state is a small part of its model's
+            continue
+        kl = cfg.trainer_config(name).kl_coef > 0
+        need = training_state_bytes(resolve_model(agent.model, seed=cfg.run.seed), kl=kl)
+        if need > limit:
+            raise ConfigError(
+                f"agents.{name}: its training state needs at least {format_bytes(need)} ({STATE_BYTES_PER_PARAMETER}"
+                f"{' + 4' if kl else ''} bytes per parameter: float32 weights and gradient, two AdamW moments, the "
+                f"float64 gradient sum{', the KL reference' if kl else ''}) but a worker's memory limit is "
+                f"{format_bytes(limit)} (cluster.memory_limit={cfg.cluster.memory_limit!r} over "
+                f"{cfg.cluster.n_workers} workers): raise cluster.memory_limit or use fewer workers, pick a smaller "
+                f"model, or train the agent as a LoRA adapter (agents.{name}.adapter); a trainer group "
+                "(training.max_slots) still holds the whole state on every rank, since training.sharding is not "
+                "built yet"
+            )
 
 
 def check_model_files(model: str) -> None:

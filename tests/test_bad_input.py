@@ -57,6 +57,13 @@ def config_error(tmp_path: Path, raw: dict | None = None, *, text: str | None = 
     return raised(ConfigError, lambda: load_config(path, overrides=list(overrides)))
 
 
+def preflight_error(tmp_path: Path, *overrides: str) -> str:
+    from flexmarl.config import ConfigError, load_config
+    from flexmarl.preflight import check_inputs
+
+    return raised(ConfigError, lambda: check_inputs(load_config(preset="tiny", overrides=list(overrides))))
+
+
 def with_change(change: Callable[[dict], None]) -> dict:
     raw = tiny_raw()
     change(raw)
@@ -618,6 +625,10 @@ CASES = [
          (r"no Dask worker offers resource 'GPU' for training \(workers offer: \['rollout'\]\)",
           r"start workers with `--resources \"GPU=1\"` or set cluster.worker_resources"),
          "tests/flexmarl/orchestrator/test_pipeline.py::test_a_resource_no_worker_offers_is_a_clear_error"),
+    Case("state-over-memory-limit", lambda t: preflight_error(t, "cluster.memory_limit=2MB"),
+         (r"agents.solver: its training state needs at least 3.21 MiB \(24 bytes per parameter.*but a worker's "
+          r"memory limit is 1.91 MiB \(cluster.memory_limit='2MB' over 2 workers\)", "raise cluster.memory_limit",
+          r"training.sharding is not built yet")),
     Case("too-many-slots", too_many_slots,
          (r"training.slots=3 but only 2 training worker\(s\) exist", "lower training.slots")),
     Case("dask-unreachable", dask_unreachable,
@@ -879,6 +890,7 @@ CLI_CASES: dict[str, Callable] = {
     "wrong type": lambda t, s: validate_tiny("run.steps=many"),
     "value out of range": lambda t, s: validate_tiny("training.lr=-1"),
     "memory size": lambda t, s: train_tiny(t, "--set", "cluster.memory_limit=lots"),
+    "training state over a worker's memory": lambda t, s: train_tiny(t, "--set", "cluster.memory_limit=2MB"),
     "cyclic graph": lambda t, s: ["validate", tiny_file(t, edge("verifier", "solver"))],
     "template field no parent provides": lambda t, s: validate_tiny('agents.verifier.prompt="{question} {plan}"'),
     "template that does not parse": lambda t, s: ["validate", tiny_file(

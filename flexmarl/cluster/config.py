@@ -42,6 +42,22 @@ class ClusterConfig(Strict):
     train_resource: str | None = None
     """Only workers offering this Dask resource host trainers (e.g. 'train' or 'GPU'); null: any."""
 
+    def worker_memory_bytes(self) -> int | None:
+        """A LocalCluster worker's memory limit in bytes, as Dask will set it; None for a cluster at ``address``,
+        whose workers declare their own."""
+        if self.address is not None:
+            return None
+        from dask.utils import parse_bytes
+        from distributed.system import MEMORY_LIMIT  # the machine's memory, or its cgroup's limit
+
+        if self.memory_limit == "auto":
+            return MEMORY_LIMIT // self.n_workers
+        try:
+            number = float(self.memory_limit)
+        except ValueError:
+            return parse_bytes(self.memory_limit)
+        return int(number * MEMORY_LIMIT) if number <= 1 else int(number)
+
     @field_validator("memory_limit", mode="before")
     @classmethod
     def _memory_parses(cls, limit: object) -> str:

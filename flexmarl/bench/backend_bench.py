@@ -29,7 +29,7 @@ import torch
 from flexmarl.bench.decode_limit import decode_limit
 from flexmarl.models.loading import ModelError, load_model, load_tokenizer, resolve_model
 from flexmarl.rollout.backend import GenerationRequest
-from flexmarl.rollout.config import VLLMSettings, vllm_installed
+from flexmarl.rollout.config import Decode, VLLMSettings, vllm_installed
 from flexmarl.rollout.hf_backend import HFBackend
 from flexmarl.rollout.sampling import SeededSampler
 from flexmarl.rollout.vllm_backend import VLLMBackend
@@ -58,13 +58,14 @@ def _requests(
 
 def backend_throughput(
     backend: str, model: str, batch: int = 16, new_tokens: int = 64, *, prompt_len: int = 32, repeats: int = 3,
-    group: int = 1,
+    group: int = 1, decode: Decode = "dynamic",
 ) -> dict:
-    """Measure one backend in this process. Returns ``{"tokens_per_s": float, ...}`` (see the module doc)."""
+    """Measure one backend in this process (the hf backend with its decode step run as ``decode``). Returns
+    ``{"tokens_per_s": float, ...}`` (see the module doc)."""
     model_dir = resolve_model(model)
     start = time.perf_counter()
     if backend == "hf":
-        engine = HFBackend(model_dir)
+        engine = HFBackend(model_dir, decode=decode)
     elif backend == "vllm":
         engine = VLLMBackend(model_dir, settings=VLLMSettings()).start()
     else:
@@ -105,6 +106,7 @@ def backend_throughput(
         "model": model,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "torch_threads": torch.get_num_threads(),
+        **({"decode": decode} if backend == "hf" else {}),
         **sampler,
     }
 

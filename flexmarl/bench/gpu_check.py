@@ -9,6 +9,9 @@ writes its JSON after every section: a section that fails records its error and 
   batch and the roofline of a decode step on this GPU (``decode_limit``: weight and KV bytes at the measured
   bandwidth, FLOPs at the measured matmul rate); vLLM's too where this Python has it (its GPU build does not
   travel to a lent machine).
+- ``decode``: the hf backend's tokens/s for SmolLM2 at each batch with each ``rollout.decode`` (dynamic cache,
+  static cache, compiled step with CUDA graphs; the compiled one's first batch compiles, a warm-up not timed):
+  the measurement that picks the GPU's default.
 - ``training``: one micro-batch's forward and backward (bf16 autocast on a GPU), tokens/s and model FLOPs
   utilisation: 3x the forward's 2 FLOPs per linear weight per token (the vocabulary projection on response
   tokens only, as the trainer computes it; attention left out), over the bf16 matmul rate measured here.
@@ -48,7 +51,8 @@ SMOKE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "n
          "num_key_value_heads": 2}
 BATCHES, SMOKE_BATCHES = (16, 64, 256), (4, 8)
 NEW_TOKENS, PROMPT_LEN = 64, 64
-SECTIONS = ("rollout", "training", "swap", "weight_sync", "pipeline")
+SECTIONS = ("rollout", "decode", "training", "swap", "weight_sync", "pipeline")
+DECODES = ("dynamic", "static", "compiled")
 TRAIN_BATCH, SMOKE_TRAIN_BATCH = 16, 4
 
 
@@ -94,6 +98,18 @@ def rollout(models: dict[str, Path], smoke: bool) -> dict:
             out[name][str(b)] = row
             _log(f"rollout {name} batch {b}: hf {row['hf']['tokens_per_s']:.0f} tokens/s, generate "
                  f"{row['generate']['tokens_per_s']:.0f}, roofline {row['limit']['tokens_per_s']:.0f}")
+    return out
+
+
+def decode(models: dict[str, Path], smoke: bool) -> dict:
+    from flexmarl.bench.backend_bench import backend_throughput
+
+    new_tokens = 8 if smoke else NEW_TOKENS
+    out: dict = {}
+    for b in SMOKE_BATCHES if smoke else BATCHES:
+        out[str(b)] = {mode: backend_throughput("hf", str(models["smollm2-135m"]), b, new_tokens, prompt_len=PROMPT_LEN,
+                                                repeats=2, group=4, decode=mode) for mode in DECODES}
+        _log(f"decode batch {b}: " + ", ".join(f"{m} {r['tokens_per_s']:.0f}" for m, r in out[str(b)].items()))
     return out
 
 
@@ -204,7 +220,7 @@ def run(out_dir: Path, tokenizer_dir: Path, *, work_dir: Path | None = None, smo
     # the pipeline runs SmolLM2-shaped agents only
     names = {"smollm2-135m"} | ({"qwen2-0.5b"} if set(sections) - {"pipeline"} else set())
     models = build_models(work_dir, tokenizer_dir, smoke, names)
-    steps = {"rollout": rollout, "training": training, "swap": swap, "weight_sync": weight_sync,
+    steps = {"rollout": rollout, "decode": decode, "training": training, "swap": swap, "weight_sync": weight_sync,
              "pipeline": lambda m, s: pipeline(m, s, work_dir, out_dir, pipeline_repeats)}
     for section in sections:
         _log(f"{section}: starting")

@@ -14,19 +14,22 @@ from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.adapters import AdapterHost
 from flexmarl.models.loading import check_tokenizer_matches, load_tokenizer
 from flexmarl.rollout.backend import GenerationRequest, GenerationResult, WeightUpdate, check_update
+from flexmarl.rollout.config import Decode
 from flexmarl.rollout.hf_backend import HFBackend
 
 
 class AdapterBackend(HFBackend):
     """One agent's replica: adapter ``agent`` (as ``adapter`` describes it) in ``host``."""
 
-    def __init__(self, host: AdapterHost, agent: str, adapter: AdapterConfig, *, version: int = 0) -> None:
+    def __init__(self, host: AdapterHost, agent: str, adapter: AdapterConfig, *, version: int = 0,
+                 decode: Decode = "dynamic") -> None:
         tok = load_tokenizer(Path(host.model_dir))
         self.device, self.pad_id, self.eos_id = host.device, tok.pad_token_id, tok.eos_token_id
         self.host, self.adapter = host, host.add(agent, adapter)
         self.model = host.model.eval()  # what the HF backend's decode loop runs: the shared base, with adapters
         check_tokenizer_matches(self.model, tok, Path(host.model_dir))
         self.version = version
+        self.decode, self._compiled = decode, None
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         with self.host.active(self.adapter):

@@ -47,6 +47,9 @@ class VLLMSettings(Strict):
 Backend = Literal["hf", "vllm"]
 
 
+Decode = Literal["dynamic", "static", "compiled"]
+
+
 class RolloutConfig(Strict):
     backend: Backend = "hf"
     """Generation backend: 'hf' (Hugging Face transformers, CPU or GPU) or 'vllm' (vLLM engine in the worker
@@ -69,6 +72,12 @@ class RolloutConfig(Strict):
     balance_cooldown_s: float = Field(0.5, ge=0)
     """Hysteresis: an agent that gained a replica gives none back, and one that gave one takes none, for this
     long (seconds)."""
+    decode: Decode = "dynamic"
+    """How the hf backend runs a decode step: 'dynamic' (transformers' KV cache, grown by a step each token),
+    'static' (a KV cache allocated once at the batch's full length, written in place) or 'compiled' (the static
+    cache, and the step compiled by torch.compile: CUDA graphs on a GPU; each new batch shape compiles once, some
+    seconds). All three draw the same tokens up to float rounding (compiled kernels fuse differently: 1e-7 here).
+    Which is fastest is measured per device (docs/performance.md); on this CPU it is 'dynamic'."""
     max_batch_size: int = Field(32, ge=1)
     """Most requests one replica generates in one batch; waiting requests join the next batch."""
     micro_batch_generation: bool = True

@@ -49,10 +49,10 @@ def open_backend(
     if adapter is not None:
         host = engines().get_or_start(_key(host_key(key, model_dir)),
                                       lambda: AdapterHost(model_dir, HFBackend.default_device()))
-        return AdapterBackend(host, key.agent, adapter, version=version)
+        return AdapterBackend(host, key.agent, adapter, version=version, decode=rollout.decode)
     if rollout.backend == "vllm":
         return VLLMBackend(model_dir, version=version, settings=rollout.vllm).start()
-    return HFBackend(model_dir, version=version)
+    return HFBackend(model_dir, version=version, decode=rollout.decode)
 
 
 def start_replica(

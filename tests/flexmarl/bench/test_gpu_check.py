@@ -40,6 +40,10 @@ def test_every_section_reports_on_cpu_at_smoke_size(tmp_path: Path, smollm2: Pat
         assert training["tokens_per_s"] > 0 and 0 < training["mfu"] < 1
         sync = report["weight_sync"][model]
         assert sync["bytes"] > 0 and sync["to_host_s"] > 0 and sync["load_s"] > 0
+    for b in gpu_check.SMOKE_BATCHES:  # every decode step, compiled included, at every batch
+        rows = report["decode"][str(b)]
+        assert set(rows) == set(gpu_check.DECODES) and all(r["tokens_per_s"] > 0 for r in rows.values())
+        assert [r["decode"] for r in rows.values()] == list(gpu_check.DECODES)
     # the adapter agent's state is a small part of its model's
     swap = report["swap"]
     assert all(s["bit_exact"] for s in swap.values())

@@ -69,3 +69,17 @@ def test_requests_with_one_prompt_share_its_prefill_and_answer_as_if_alone(tiny_
         assert together[request.request_id].response_ids.tolist() == alone.response_ids.tolist()
         assert together[request.request_id].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     assert len({tuple(together[r.request_id].response_ids) for r in group}) > 1  # the seeds still differ
+
+
+@pytest.mark.parametrize("decode", ["static", "compiled"])
+def test_a_static_cache_and_a_compiled_step_draw_the_dynamic_caches_tokens(tiny_dir, decode) -> None:
+    """Prompts of several lengths (left-padded): every row's tokens as with transformers' own cache; log-probs
+    up to float rounding (attention over the longer static cache, and the compiled step's fused kernels, sum in
+    another order)."""
+    reqs = [GenerationRequest(f"r{i}", [257, 60, 61, 62, *range(70, 70 + i % 4)], 10, 1.0, seed=i) for i in range(6)]
+    dynamic = HFBackend(tiny_dir).generate(reqs)
+    other = HFBackend(tiny_dir, decode=decode)
+    for _ in range(2):  # the second batch reuses the static cache's length and the compiled step
+        for a, b in zip(dynamic, other.generate(reqs), strict=True):
+            assert a.response_ids.tolist() == b.response_ids.tolist()
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)

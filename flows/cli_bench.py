@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from flexmarl.rollout.config import Decode
 from flows.cli_output import console, fail
 
 bench_app = typer.Typer(help="Run a benchmark and write its JSON report.", no_args_is_help=True)
@@ -84,6 +85,8 @@ def decode(
     new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per request.")] = 64,
     group: Annotated[int, typer.Option(min=1, help="Requests per prompt, as in a GRPO group (each batch size "
                                        "must be a multiple); 1: every prompt differs.")] = 1,
+    decode: Annotated[Decode, typer.Option(help="The hf backend's decode step (rollout.decode): dynamic, static "
+                                           "or compiled.")] = "dynamic",
 ) -> None:
     """Each backend's decode tokens/s beside what this machine allows the model at that batch: a roofline of
     one decode step from the measured matmul rate and memory bandwidth, and the step's linear layers timed
@@ -94,7 +97,7 @@ def decode(
     uneven = [b for b in sizes if b % group]
     if uneven:
         fail(f"--batches {uneven} are not multiples of --group {group}; pick batch sizes that are")
-    results = [compare_backends(model, b, new_tokens, group=group) for b in sizes]
+    results = [compare_backends(model, b, new_tokens, group=group, decode=decode) for b in sizes]
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_decode.json").write_text(json.dumps({"model": model, "results": results}, indent=2))
     threads = results[0]["limit"]["torch_threads"]

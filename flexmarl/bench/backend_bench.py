@@ -185,13 +185,14 @@ def vllm_in_subprocess(
 
 
 def compare_backends(model: str, batch: int = 16, new_tokens: int = 64, *, vllm_python: Path = VLLM_PYTHON,
-                     prompt_len: int = 32, group: int = 1) -> dict:
+                     prompt_len: int = 32, group: int = 1, decode: Decode = "dynamic") -> dict:
     """``{"model", "batch", "new_tokens", "limit": {...}, "backends": {"hf": {"tokens_per_s", "share_of_limit",
     "share_of_kernel", ...}, "vllm": {...} or {"unavailable": reason}}}``; ``limit`` is what this machine allows
     the model's decoding at that batch (``decode_limit``), ``share_of_limit`` each backend's tokens/s over its
-    roofline and ``share_of_kernel`` over its linear layers timed alone."""
+    roofline and ``share_of_kernel`` over its linear layers timed alone. ``decode``: the hf backend's decode
+    step (``rollout.decode``)."""
     limit = decode_limit(resolve_model(model), batch=batch, context=prompt_len + new_tokens // 2)
-    hf = backend_throughput("hf", model, batch, new_tokens, prompt_len=prompt_len, group=group)
+    hf = backend_throughput("hf", model, batch, new_tokens, prompt_len=prompt_len, group=group, decode=decode)
     if vllm_installed():
         try:
             vllm = backend_throughput("vllm", model, batch, new_tokens, group=group)

@@ -99,8 +99,8 @@ def test_the_ledger_makes_an_update_once_its_weights_reach_every_replica() -> No
                                                                           UpdateKey("verifier", 1))
     update = UpdateEvent("solver", 0, 1, 8, 32, 0.5, {}, 1.0)
     assert ledger.on(update).recorded == update
-    assert ledger.on(WeightSynced("solver", 1, "w0", 0.1, all_synced=False)).settled == ()  # one replica to go
-    assert ledger.on(WeightSynced("solver", 1, "w1", 0.1, all_synced=True)).settled == (
+    assert ledger.on(WeightSynced("solver", 1, "w0", 0.1, 4096, all_synced=False)).settled == ()  # one replica to go
+    assert ledger.on(WeightSynced("solver", 1, "w1", 0.1, 4096, all_synced=True)).settled == (
         Settled(UpdateKey("solver", 1), update),)
     (failed,) = ledger.on(AgentFailed("verifier", "WeightSyncError: timed out")).settled
     assert failed.key == UpdateKey("verifier", 1) and isinstance(failed.outcome, AgentUpdateError)
@@ -135,7 +135,7 @@ def test_an_update_fails_with_its_agents_error_and_the_others_end_cancelled(pref
             view.put(StepOpened(0, ("solver", "verifier")))
             view.put(StepOpened(1, ("solver",)))
             view.put(update)
-            view.put(WeightSynced("solver", 1, "w0", 0.1, all_synced=True))
+            view.put(WeightSynced("solver", 1, "w0", 0.1, 4096, all_synced=True))
             view.put(AgentFailed("verifier", "WeightSyncError: weight sync of agent 'verifier' to v1 timed out"))
             raise RuntimeError("the pipeline failed")
 

@@ -90,3 +90,19 @@ def test_temperature_zero_is_greedy() -> None:
     tokens, logprobs = SeededSampler(range(4), vocab=50, device=CPU)(logits, step=0, temperature=0)
     assert torch.equal(tokens, logits.argmax(-1))
     assert torch.allclose(logprobs, torch.log_softmax(logits, -1).max(-1).values)
+
+
+def test_a_byte_vocabulary_is_sampled_at_the_softmaxs_frequencies() -> None:
+    """100,000 draws over the tiny models' 259 tokens with one likely token and a long tail: a chi-square test
+    against softmax(logits), tokens expected fewer than 5 times pooled (|z| < 4: p about 3e-5)."""
+    vocab, n = 259, 100_000
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3))
+    logits[5] += 4.0
+    tokens, _ = SeededSampler(range(n), vocab=vocab, device=CPU)(logits.expand(n, vocab), step=2, temperature=1.0)
+    expected = torch.softmax(logits.double(), -1) * n
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    big = expected >= 5
+    chi = float(((counts[big] - expected[big]) ** 2 / expected[big]).sum())
+    chi += float((counts[~big].sum() - expected[~big].sum()) ** 2 / expected[~big].sum()) if (~big).any() else 0.0
+    df = int(big.sum()) - (0 if (~big).any() else 1)
+    assert abs(chi - df) / math.sqrt(2 * df) < 4, (chi, df)

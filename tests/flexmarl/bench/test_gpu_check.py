@@ -4,6 +4,7 @@ docs quote from a lent GPU, and a failing section leaves the others' figures."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,11 @@ def test_every_section_reports_on_cpu_at_smoke_size(tmp_path: Path, smollm2: Pat
         assert training["tokens_per_s"] > 0 and 0 < training["mfu"] < 1
         sync = report["weight_sync"][model]
         assert sync["bytes"] > 0 and sync["to_host_s"] > 0 and sync["load_s"] > 0
-    for b in gpu_check.SMOKE_BATCHES:  # every decode step, compiled included, at every batch
+    for b in gpu_check.SMOKE_BATCHES:  # every decode step at every batch (compiled where a compiler is here)
         rows = report["decode"][str(b)]
-        assert set(rows) == set(gpu_check.DECODES) and all(r["tokens_per_s"] > 0 for r in rows.values())
-        assert [r["decode"] for r in rows.values()] == list(gpu_check.DECODES)
+        assert set(rows) == set(gpu_check.DECODES), rows
+        measured = [m for m in gpu_check.DECODES if m != "compiled" or shutil.which("c++")]
+        assert all(rows[m]["tokens_per_s"] > 0 and rows[m]["decode"] == m for m in measured), rows
     # the adapter agent's state is a small part of its model's
     swap = report["swap"]
     assert all(s["bit_exact"] for s in swap.values())

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -71,7 +73,8 @@ def test_requests_with_one_prompt_share_its_prefill_and_answer_as_if_alone(tiny_
     assert len({tuple(together[r.request_id].response_ids) for r in group}) > 1  # the seeds still differ
 
 
-@pytest.mark.parametrize("decode", ["static", "compiled"])
+@pytest.mark.parametrize("decode", ["static", pytest.param("compiled", marks=pytest.mark.skipif(
+    shutil.which("c++") is None, reason="torch.compile on a CPU needs a C++ compiler"))])
 def test_a_static_cache_and_a_compiled_step_draw_the_dynamic_caches_tokens(tiny_dir, decode) -> None:
     """Prompts of several lengths (left-padded): every row's tokens as with transformers' own cache; log-probs
     up to float rounding (attention over the longer static cache, and the compiled step's fused kernels, sum in

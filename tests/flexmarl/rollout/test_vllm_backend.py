@@ -136,8 +136,8 @@ def test_a_replica_on_a_default_dask_worker_serves_the_model(engine, model_dirs)
         client.submit(replica.start_replica, KEY, str(model_dirs[0]), 0, rollout, pure=False).result()
         [served] = client.submit(replica.generate, KEY, [request], pure=False).result()
         assert served.response_ids.tolist() == expected and served.policy_version == 0
-        version = client.submit(replica.load_weights, KEY, 1, _state(model_dirs[1]), pure=False).result()
-        assert version == 1
+        loaded = client.submit(replica.load_weights, KEY, 1, _state(model_dirs[1]), pure=False).result()
+        assert loaded.version == 1 and loaded.nbytes > 0
         [after] = client.submit(replica.generate, KEY, [request], pure=False).result()
         assert after.policy_version == 1 and after.response_ids.tolist() != expected
 

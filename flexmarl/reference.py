@@ -40,6 +40,11 @@ steps of up to the learning rate: measured 1e-4 of the move for the fan-out grap
 1.5e-4), while a lost all-reduce or micro-batch changes the move itself."""
 
 
+def max_weight_diff(a: Weights, b: Weights) -> float:
+    """The largest difference of any element between two teams' weights (reported beside ``weight_drift``)."""
+    return max(float((a[agent][k] - b[agent][k]).abs().max()) for agent in a for k in a[agent])
+
+
 def weight_drift(a: Weights, b: Weights, start: Weights) -> float:
     """How far ``b`` is from ``a``, as a share of how far ``a`` moved from ``start``: the L2 norm over each agent's
     tensors, the largest over agents. An agent that did not move must be equal, or the drift is infinite."""

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from flexmarl.bench.decode_limit import decode_limit
+from flexmarl.bench.timing import timed
 from flexmarl.models.loading import ModelError, load_model, load_tokenizer, resolve_model
 from flexmarl.rollout.backend import GenerationRequest
 from flexmarl.rollout.config import Decode, VLLMSettings, vllm_installed
@@ -129,13 +130,7 @@ def generate_throughput(model: str, batch: int = 16, new_tokens: int = 64, *, pr
                     top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id)
 
     run(0)  # warm-up
-    seconds = 0.0
-    for round_ in range(1, repeats + 1):
-        _sync(device)
-        start = time.perf_counter()
-        run(round_)
-        _sync(device)
-        seconds += time.perf_counter() - start
+    seconds = sum(timed(lambda r=round_: run(r)) for round_ in range(1, repeats + 1))
     tokens = batch * new_tokens * repeats
     return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "batch": batch,
             "new_tokens": new_tokens, "prompt_len": prompt_len, "group": group, "repeats": repeats,
@@ -147,19 +142,8 @@ def sampler_seconds(batch: int, vocab: int, device: torch.device, *, repeats: in
     the hf backend's sampling work per decode step, without the model."""
     sampler = SeededSampler(range(batch), vocab=vocab, device=device)
     logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(0)).to(device)
-    times = []
-    for step in range(repeats + 1):  # the first is a warm-up
-        _sync(device)
-        start = time.perf_counter()
-        sampler(logits, step=step, temperature=1.0)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    times = [timed(lambda s=step: sampler(logits, step=s, temperature=1.0)) for step in range(repeats + 1)]
+    return statistics.median(times[1:])  # the first is a warm-up
 
 
 def vllm_in_subprocess(

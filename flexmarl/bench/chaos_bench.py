@@ -34,7 +34,7 @@ from flexmarl.config import RunConfig, load_config
 from flexmarl.orchestrator.coverage import training_coverage
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.runtime import RunContext, Runtime
-from flexmarl.reference import DRIFT_TOLERANCE, initial_weights, weight_drift
+from flexmarl.reference import DRIFT_TOLERANCE, initial_weights, max_weight_diff, weight_drift
 from flexmarl.run.plan import resume_config
 from flexmarl.run.prepare import prepare_run
 from flexmarl.run_start import max_staleness
@@ -183,10 +183,6 @@ def train(
         return result, {agent: runtime.weights(agent) for agent in cfg.agents}
     finally:
         runtime.close()
-
-
-def max_weight_diff(a: dict[str, dict[str, torch.Tensor]], b: dict[str, dict[str, torch.Tensor]]) -> float:
-    return max(float((a[agent][k] - b[agent][k]).abs().max()) for agent in a for k in a[agent])
 
 
 def schedule(n: int, seed: int, kinds: Sequence[str] = KINDS) -> list[str]:

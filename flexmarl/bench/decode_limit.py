@@ -21,42 +21,24 @@ Example:
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
+from flexmarl.bench.timing import best_seconds
 from flexmarl.models.loading import load_model
+from flexmarl.rollout.hf_backend import HFBackend
 
 MATMUL_DIM = {"cpu": 1024, "cuda": 8192}  # square matmuls large enough to run at the kernel's rate
 COPY_BYTES = {"cpu": 256 * 2**20, "cuda": 2 * 2**30}  # larger than any cache
 CPU = torch.device("cpu")
 
 
-def best_seconds(fn, device: torch.device, seconds: float) -> float:
-    """The shortest of repeated timings of ``fn`` within ``seconds`` (after one warm-up call), synchronising
-    with an accelerator around each."""
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    fn()
-    best, deadline = float("inf"), time.perf_counter() + seconds
-    while True:
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-        if time.perf_counter() >= deadline:
-            return best
-
-
 def matmul_flops_per_s(device: torch.device = CPU, dtype: torch.dtype = torch.float32, seconds: float = 1.0) -> float:
     """Matmul throughput (FLOP/s) in ``dtype`` on ``device`` (on a CPU, of torch's threads here)."""
     dim = MATMUL_DIM[device.type]
     a, b = torch.randn(dim, dim, device=device, dtype=dtype), torch.randn(dim, dim, device=device, dtype=dtype)
-    return 2 * dim**3 / best_seconds(lambda: torch.mm(a, b), device, seconds)
+    return 2 * dim**3 / best_seconds(lambda: torch.mm(a, b), seconds)
 
 
 def memory_bytes_per_s(device: torch.device = CPU, seconds: float = 1.0) -> float:
@@ -64,7 +46,7 @@ def memory_bytes_per_s(device: torch.device = CPU, seconds: float = 1.0) -> floa
     nbytes = COPY_BYTES[device.type]
     src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    return 2 * nbytes / best_seconds(lambda: dst.copy_(src), device, seconds)
+    return 2 * nbytes / best_seconds(lambda: dst.copy_(src), seconds)
 
 
 def model_costs(model_dir: str | Path) -> dict:
@@ -103,7 +85,7 @@ def linear_step_seconds(model: torch.nn.Module, batch: int, seconds: float = 1.0
         for m in linears:
             m(rows[m.in_features])
 
-    return best_seconds(step, first.device, seconds)
+    return best_seconds(step, seconds)
 
 
 def decode_limit(model_dir: str | Path, *, batch: int, context: int, seconds: float = 1.0,
@@ -116,7 +98,7 @@ def decode_limit(model_dir: str | Path, *, batch: int, context: int, seconds: fl
     and ``kernel_tokens_per_s``, ``batch`` over ``linear_step_s`` (the step's linear layers timed alone), with
     ``linear_gb_s``, the weight bytes they read per second.
     """
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or HFBackend.default_device()
     model = load_model(model_dir).to(device).eval()
     costs = _costs(model)
     dtype = next(model.parameters()).dtype

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from flexmarl.bench.swap_bench import timed
+from flexmarl.bench.timing import timed
 from flexmarl.models.loading import resolve_model
 
 SMOLLM2_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -123,8 +123,10 @@ def training(models: dict[str, Path], smoke: bool, repeats: int = 3) -> dict:
     from flexmarl.training.config import TrainerConfig
     from flexmarl.training.trainer import AgentTrainer, TrainBatch
 
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
+    from flexmarl.rollout.hf_backend import HFBackend
+
+    device = HFBackend.default_device()
+    cuda = device.type == "cuda"
     n, new_tokens = (SMOKE_TRAIN_BATCH, 8) if smoke else (TRAIN_BATCH, NEW_TOKENS)
     peak = matmul_flops_per_s(device, torch.bfloat16 if cuda else torch.float32, seconds=0.2 if smoke else 1.0)
     gen = torch.Generator().manual_seed(0)

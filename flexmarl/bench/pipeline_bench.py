@@ -27,7 +27,7 @@ from flexmarl.config import PRESETS, ConfigError, RunConfig, load_config
 from flexmarl.orchestrator.records import PipelineResult
 from flexmarl.orchestrator.report import weight_sync_costs
 from flexmarl.orchestrator.runtime import RunContext, Runtime
-from flexmarl.reference import DRIFT_TOLERANCE, initial_weights, weight_drift
+from flexmarl.reference import DRIFT_TOLERANCE, initial_weights, max_weight_diff, weight_drift
 from flexmarl.run.prepare import prepare_run
 from flexmarl.report.timeline import draw_timeline
 from flexmarl.run.layout import CHECKPOINTS_DIR, STATE_DIR
@@ -264,7 +264,7 @@ def bench_pipeline(
                     sync_weights = weights
                     start = start or initial_weights(mode_config(mode))
                 elif sync_weights is not None:
-                    weight_diff[mode] = max(weight_diff.get(mode, 0.0), max_abs_diff(sync_weights, weights))
+                    weight_diff[mode] = max(weight_diff.get(mode, 0.0), max_weight_diff(sync_weights, weights))
                     drift[mode] = max(drift.get(mode, 0.0), weight_drift(sync_weights, weights, start))
                 peak = client.run(_peak_memory_since, counts)
                 bound = work_bound(result)
@@ -290,11 +290,6 @@ _VS_SYNC = {  # report key -> (sync's run, the mode's run of the same round) -> 
     "schedule_gain_vs_sync": lambda s, x: x["efficiency"] / s["efficiency"],
     "work_ratio_vs_sync": lambda s, x: s["bound_s"] / x["bound_s"],
 }
-
-
-def max_abs_diff(a: dict[str, dict], b: dict[str, dict]) -> float:
-    """The largest difference between two teams' weights (agent -> name -> tensor)."""
-    return max(float((a[agent][k] - b[agent][k]).abs().max()) for agent in a for k in a[agent])
 
 
 def _summarise(report: dict, rounds: dict[str, list[dict]], weight_diff: dict[str, float], drift: dict[str, float],

@@ -15,12 +15,12 @@ trains a LoRA adapter on it (only the adapter's tensors and their Adam moments m
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 
 import fsspec
 import torch
 
+from flexmarl.bench.timing import timed
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.loading import resolve_model
 from flexmarl.training.config import TrainerConfig
@@ -28,17 +28,6 @@ from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
 
 LEGS = ("to_host", "to_device", "to_disk", "from_disk", "to_object_store", "from_object_store")
-
-
-def timed(fn: Callable[[], object]) -> float:
-    """Seconds ``fn`` takes, with the GPU's queued work finished before and after (on CUDA)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def _pageable_copy(trainer: AgentTrainer) -> list[torch.Tensor]:

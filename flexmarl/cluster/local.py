@@ -70,7 +70,7 @@ def _local_cluster(cfg: ClusterConfig, env: dict[str, str] | None) -> Iterator[L
             dashboard_address=f"{cfg.host}:0",  # never the shared default port 8787
             # Dask's own 'auto' is a share per thread of all the cores: 1/16 of the memory each for 2 workers of
             # one thread on a 16-core GPU machine, where the documented 'auto' is the machine shared by the workers
-            memory_limit=str(1 / cfg.n_workers) if cfg.memory_limit == "auto" else cfg.memory_limit,
+            memory_limit=cfg.worker_memory_bytes(),
             resources=cfg.worker_resources or None,
             env=worker_env({**(env or {}), "OMP_NUM_THREADS": str(cfg.threads_per_worker)}),
         )

@@ -133,12 +133,13 @@ class HFBackend:
             static_cache.update(layer.keys, layer.values, i, prompt)
         mask = torch.zeros((B, length), dtype=pre.attention.dtype, device=self.device)
         mask[:, :width] = pre.attention
+        cache_positions = torch.arange(width, length, device=self.device)  # sliced per step: no host transfer
         forward = self._compiled_forward() if self.decode == "compiled" else self.model.forward
 
         def static(tokens: torch.Tensor, t: int) -> torch.Tensor:
             mask[:, width + t] = 1
             out = forward(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=positions + t,
-                          cache_position=torch.tensor([width + t], device=self.device), use_cache=True,
+                          cache_position=cache_positions[t : t + 1], use_cache=True,
                           **{CACHE_ARG: static_cache})
             return out.logits[:, -1, :]
 

@@ -9,7 +9,8 @@ which an agent trained nothing in their step (skipped).
 
 Samples that cannot be trained by design are not counted as lost: nodes a loop's early stop skipped (never
 generated), samples of an episode whose reward failed (stored as ``generated``), and, for an agent with
-``training.dynamic_sampling``, the samples of groups whose rewards have no variance (stored, never consumed).
+``training.dynamic_sampling``, the samples of groups without signal (stored, never consumed;
+``scoring.signal_free_groups``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def training_coverage(store: ExperienceStore, cfg: RunConfig) -> Coverage:
     steps = min(min(versions.values()), cfg.run.steps)
     lost = duplicated = unplanned = prompts_skipped = 0
     for agent in cfg.agents:
-        samples = store.read_samples(agent, columns=["sample_id", "status", "input_id", "node", "reward"])
+        samples = store.read_samples(agent, columns=["sample_id", "status", "input_id", "node", "advantage"])
         ids = samples["sample_id"].to_pylist()
         duplicated += len(ids) - len(set(ids))  # stored twice
         rewarded = samples.filter(pc.field("status") == SampleStatus.REWARDED.value)

@@ -13,7 +13,7 @@ from flexmarl.meg.spec import MEGSpec
 from flexmarl.rollout.episodes import Episode, NodeOutput
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import agent_scaled, group_advantages
-from flexmarl.workloads.registry import BALANCED_BY, REWARDS
+from flexmarl.workloads.registry import BALANCED_BY_CLASS, JUDGED_CLASS, MIXED_ONLY, REWARDS
 from flexmarl.workloads.rewards import RewardInput, class_balanced
 from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, SampleStatus
 from storage.store import now
@@ -26,28 +26,24 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
 
     Each agent's ``advantage`` setting says how: 'group' scales by the group's std; 'group_mean' and
     'agent' only centre here ('agent' is scaled once the agent's whole batch is known: ``scale_by_agent``).
-    Rewards listed in ``BALANCED_BY`` (the verifier's ``verdict_balanced``) are then reweighted within each
-    group so that every class of sample weighs the same (``rewards.class_balanced``).
+    Rewards listed in ``BALANCED_BY_CLASS`` (``verdict_balanced``) are then reweighted within each
+    group so that every class of sample weighs the same (``rewards.class_balanced``); those in ``MIXED_ONLY``
+    (the verifier's ``verdict_mixed``) get no advantage in a group whose samples judge one class only.
 
     A reward function that raises marks its episode failed (``episode.error``); a failed episode's samples keep
     no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped have no output,
     so they get no reward and join no group: a group holds only the samples that exist.
     """
-    graph = spec.graph.expanded
-    classes: dict[int, object] = {}  # id(output) -> its class, for the rewards balanced within a group
+    classes: dict[int, bool] = {}  # id(output) -> the class a judge's sample judges, for balanced and mixed groups
     for ep in episodes:
-        parsed = {node: out.parsed for node, out in ep.outputs.items()}
-        final = final_nodes(ep, spec)
         rewards: dict[str, float] = {}
-        for node, out in ep.outputs.items():
+        for node, x in reward_inputs(ep, spec).items():
+            out = ep.outputs[node]
             reward_name = spec.agents[out.agent].reward
             try:
-                ran = [p for p in graph.parents(node) if p in ep.outputs]
-                x = RewardInput(node, out.parsed, ep.problem, parsed, ran,
-                                final)
                 rewards[node] = float(REWARDS[reward_name](x))
-                if reward_name in BALANCED_BY:
-                    classes[id(out)] = BALANCED_BY[reward_name](x)
+                if reward_name in BALANCED_BY_CLASS | MIXED_ONLY:
+                    classes[id(out)] = JUDGED_CLASS[reward_name](x)
             except Exception as exc:  # noqa: BLE001 - reward code may fail on odd outputs: record and go on
                 ep.error = f"reward {reward_name!r} of node {node!r} failed: {type(exc).__name__}: {exc}"
                 log.warning("episode %s failed, the run goes on without its samples: %s; fix that reward function "
@@ -63,16 +59,31 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
             for node, out in ep.outputs.items():
                 groups[(ep.problem.input_id, node)].append(out)
     for outs in groups.values():
-        if id(outs[0]) in classes:
+        reward_name = spec.agents[outs[0].agent].reward
+        if reward_name in BALANCED_BY_CLASS:
             for out, r in zip(outs, class_balanced([o.reward for o in outs], [classes[id(o)] for o in outs]),
                               strict=True):
                 out.reward = r
+        if reward_name in MIXED_ONLY and len({classes[id(o)] for o in outs}) < 2:
+            for out in outs:
+                out.advantage = 0.0
+            continue
         trainer = trainers[outs[0].agent]
         advantages = group_advantages(
             [o.reward for o in outs], ["g"] * len(outs), eps=trainer.adv_eps, scale=trainer.advantage == "group"
         )
         for out, adv in zip(outs, advantages, strict=True):
             out.advantage = adv
+
+
+def reward_inputs(ep: Episode, spec: MEGSpec) -> dict[str, RewardInput]:
+    """What each node of the episode that ran shows its reward function."""
+    graph = spec.graph.expanded
+    parsed = {node: out.parsed for node, out in ep.outputs.items()}
+    final = final_nodes(ep, spec)
+    return {node: RewardInput(node, out.parsed, ep.problem, parsed, [p for p in graph.parents(node) if p in ep.outputs],
+                              final, out.text)
+            for node, out in ep.outputs.items()}
 
 
 def final_nodes(ep: Episode, spec: MEGSpec) -> tuple[str, ...]:
@@ -89,32 +100,33 @@ def scale_by_agent(outputs: list[NodeOutput], *, eps: float) -> None:
         out.advantage = adv
 
 
-def zero_variance_groups(keys: Sequence[Hashable], rewards: Sequence[float]) -> set[Hashable]:
-    """The GRPO groups (samples sharing a key) whose rewards are all equal, a group of one included.
+def signal_free_groups(keys: Sequence[Hashable], advantages: Sequence[float]) -> set[Hashable]:
+    """The GRPO groups (samples sharing a key) whose advantages are all 0, so they carry no policy gradient.
 
-    Their advantages are exactly 0 in every ``advantage`` mode, so they carry no policy gradient (DAPO's
-    dynamic sampling drops them).
+    These are the groups whose rewards are all equal, a group of one included (their advantages are exactly 0
+    in every ``advantage`` mode: DAPO's dynamic sampling drops them), and the one-class groups of a
+    ``MIXED_ONLY`` reward.
 
-    >>> sorted(zero_variance_groups(["a", "a", "b", "b", "c"], [1.0, 0.0, 1.0, 1.0, 0.5]))
+    >>> sorted(signal_free_groups(["a", "a", "b", "b", "c"], [0.7, -0.7, 0.0, 0.0, 0.0]))
     ['b', 'c']
     """
     by_key: dict[Hashable, list[float]] = defaultdict(list)
-    for key, reward in zip(keys, rewards, strict=True):
-        by_key[key].append(reward)
-    return {key for key, values in by_key.items() if max(values) == min(values)}
+    for key, advantage in zip(keys, advantages, strict=True):
+        by_key[key].append(advantage)
+    return {key for key, values in by_key.items() if not any(values)}
 
 
 def trainable_samples(rewarded: pa.Table, *, dynamic_sampling: bool) -> tuple[pa.Table, int]:
     """The rows of a micro-batch's rewarded samples the trainer consumes, and the groups dropped.
 
-    ``rewarded`` holds whole GRPO groups (``input_id``, ``node``) with their ``reward``. Without
-    ``dynamic_sampling`` every row is trained; with it, the zero-variance groups are left out (they stay in
-    the store, unconsumed).
+    ``rewarded`` holds whole GRPO groups (``input_id``, ``node``) with their ``advantage``. Without
+    ``dynamic_sampling`` every row is trained; with it, the groups without signal (``signal_free_groups``) are
+    left out (they stay in the store, unconsumed).
     """
     if not dynamic_sampling or not rewarded.num_rows:
         return rewarded, 0
     keys = list(zip(rewarded["input_id"].to_pylist(), rewarded["node"].to_pylist(), strict=True))
-    dropped = zero_variance_groups(keys, rewarded["reward"].to_pylist())
+    dropped = signal_free_groups(keys, rewarded["advantage"].to_pylist())
     if not dropped:
         return rewarded, 0
     keep = pa.array([key not in dropped for key in keys], pa.bool_())

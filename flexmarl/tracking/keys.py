@@ -10,7 +10,8 @@ statistics. The groups:
                                    responses x max_new_tokens)
     <agent>/policy/<stat>          the trainer's batch statistics: clipfrac, ratio_mean, kl, stale_fraction, ...
                                    is_weight_mean, is_weight_at_cap (importance weights to the rollout policy)
-    <agent>/groups/dropped_zero_variance  groups left out by training.dynamic_sampling (0 without it)
+    <agent>/groups/dropped_zero_variance  groups without signal left out by training.dynamic_sampling (0 without
+                                   it): rewards without variance, or one class judged under verdict_mixed
     <agent>/optim/grad_norm        gradient norm before clipping (when training.max_grad_norm is set)
     <agent>/batch/samples          samples the update trained on
     <agent>/batch/tokens           their response tokens

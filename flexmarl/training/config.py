@@ -82,7 +82,8 @@ class TrainerConfig(Strict):
     """Added to the group's reward standard deviation when normalising advantages."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: drop the GRPO groups whose rewards have no variance (all equal, and every
-    group of one) before training. Their advantages are 0, so they carry no policy gradient, yet they cost a
+    group of one), and the groups a ``MIXED_ONLY`` reward such as ``verdict_mixed`` gives no advantage, before
+    training. Their advantages are 0, so they carry no policy gradient, yet they cost a
     forward/backward and dilute the normaliser (they count as responses or tokens). Dropped samples stay in
     the store (status 'rewarded', advantage 0) but no update consumes them; each update reports how many groups it
     dropped as ``groups/dropped_zero_variance``. A micro-batch left empty is not trained; a global batch left empty

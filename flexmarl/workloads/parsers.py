@@ -35,6 +35,19 @@ def verdict(text: str) -> str | None:
     return "correct" if match.group(1).lower() in POSITIVE else "incorrect"
 
 
+VERDICT_WORD = re.compile(r"\b(yes|no|correct|incorrect|wrong|right)\b", re.IGNORECASE)
+
+
+def final_verdict(text: str) -> str | None:
+    """The last verdict word, for a verifier that reasons before its verdict: ``"23 + 48 = 71. Verdict: no"``
+    -> ``"incorrect"``. Unlike ``verdict`` it reads words only, since the reasoning holds numbers (a ``1`` or
+    ``0`` in a sum is no verdict)."""
+    found = VERDICT_WORD.findall(text)
+    if not found:
+        return None
+    return "correct" if found[-1].lower() in POSITIVE else "incorrect"
+
+
 DIGIT = re.compile(r"\d")
 
 

@@ -14,6 +14,7 @@ from flexmarl.workloads import parsers, rewards
 PARSERS: dict[str, Callable[[str], str | None]] = {
     "last_number": parsers.last_number,
     "verdict": parsers.verdict,
+    "final_verdict": parsers.final_verdict,
     "text": parsers.text,
     "first_digit": parsers.first_digit,
     "python_code": parsers.python_code,
@@ -22,7 +23,9 @@ PARSERS: dict[str, Callable[[str], str | None]] = {
 REWARDS: dict[str, Callable[[rewards.RewardInput], float]] = {
     "correct_answer": rewards.correct_answer,
     "verdict_matches": rewards.verdict_matches,
-    "verdict_balanced": rewards.verdict_matches,  # class-balanced within the group: BALANCED_BY
+    "verdict_balanced": rewards.verdict_matches,  # class-balanced within the group: BALANCED_BY_CLASS
+    "verdict_mixed": rewards.verdict_matches,  # trained only on groups judging both classes: MIXED_ONLY
+    "verdict_checked": rewards.verdict_checked,  # MIXED_ONLY too
     "copies_question": rewards.copies_question,
     "copies_parent": rewards.copies_parent,
     "final_correct": rewards.final_correct,
@@ -31,11 +34,21 @@ REWARDS: dict[str, Callable[[rewards.RewardInput], float]] = {
     "code_verdict_matches": rewards.code_verdict_matches,
 }
 
-# Rewards reweighted within each GRPO group so that every class present weighs the same
-# (``rewards.class_balanced``), by a function naming a sample's class.
-BALANCED_BY: dict[str, Callable[[rewards.RewardInput], object]] = {
+# Judging rewards: the class a judge's sample is judged in (whether the answer it judges is right), by reward.
+JUDGED_CLASS: dict[str, Callable[[rewards.RewardInput], bool]] = {
+    "verdict_matches": rewards.parent_correct,
     "verdict_balanced": rewards.parent_correct,
+    "verdict_mixed": rewards.parent_correct,
+    "verdict_checked": rewards.parent_correct,
+    "code_verdict_matches": rewards.parent_code_passes,
 }
+# Judging rewards reweighted within each GRPO group so that every class present weighs the same
+# (``rewards.class_balanced``).
+BALANCED_BY_CLASS = frozenset({"verdict_balanced"})
+# Judging rewards trained only in the GRPO groups whose samples judge both classes: the samples of a group that
+# judges one class get no advantage, so a verifier cannot earn by reading the problem's difficulty (all of a
+# group's answers wrong: "no" pays) instead of the answer it judges.
+MIXED_ONLY = frozenset({"verdict_mixed", "verdict_checked"})
 
 # Task fields a reward reads beyond ``question`` and the answer; a config whose data lacks them is refused.
 REWARD_PROBLEM_FIELDS: dict[str, set[str]] = {

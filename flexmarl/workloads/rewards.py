@@ -24,6 +24,7 @@ class RewardInput:
     parsed_outputs: dict[str, str | None]  # every finished node of the episode -> its parsed output
     parents: list[str]  # this node's parents that ran (expanded names, e.g. solver_0 .. solver_3)
     final: tuple[str, ...] = ()  # the episode's final nodes: they ran and no node that ran reads them
+    text: str = ""  # this node's response, as its parser read it
 
 
 def _is_correct(parsed: str | None, answer: str) -> bool:
@@ -45,6 +46,30 @@ def verdict_matches(x: RewardInput) -> float:
     if x.parsed is None or not x.parents:
         return 0.0
     return float((x.parsed == "correct") == parent_correct(x))
+
+
+WORKED = re.compile(r"=\s*(-?\d[\d,]*(?:\.\d+)?)")
+
+
+def worked_result(text: str) -> str | None:
+    """The number right after the first ``=`` of a verifier's working (``"99 + 71 = 170. Verdict: no"`` ->
+    ``"170"``), None without one."""
+    match = WORKED.search(text)
+    return canonical_number(match.group(1)) if match else None
+
+
+def verdict_checked(x: RewardInput) -> float:
+    """For a verifier that works the problem out before its verdict: 0 for a wrong (or unreadable) verdict on the
+    first parent's answer; for a right one, 1 when its working reaches the problem's answer (the result after its
+    first ``=``), else 0.5.
+
+    The verdict decides whether anything is earned, so always agreeing or always refusing never pays more than
+    judging; the half credit makes the verifier's own sum worth getting right, which a 135M verifier rewarded
+    for its verdict alone drops (it learns to answer a bare "yes" or "no", docs/performance.md).
+    """
+    if x.parsed is None or not x.parents or (x.parsed == "correct") != parent_correct(x):
+        return 0.0
+    return 1.0 if _is_correct(worked_result(x.text), x.problem.answer) else 0.5
 
 
 def class_balanced(rewards: list[float], classes: list[object]) -> list[float]:
@@ -152,9 +177,14 @@ def asserts_agree(x: RewardInput) -> float:
     return 1.0 if tester_accepts == hidden_tests_pass(x.problem, code) else 0.5
 
 
+def parent_code_passes(x: RewardInput) -> bool:
+    """Whether the first parent's code passes the hidden tests: the class a verdict on it is judged against."""
+    return hidden_tests_pass(x.problem, _parent_code(x))
+
+
 def code_verdict_matches(x: RewardInput) -> float:
     """For a tester that answers with a verdict: 1.0 when it says ``correct`` exactly when the first
     parent's code passes the hidden tests."""
     if x.parsed is None:
         return 0.0
-    return float((x.parsed == "correct") == hidden_tests_pass(x.problem, _parent_code(x)))
+    return float((x.parsed == "correct") == parent_code_passes(x))

@@ -1,4 +1,5 @@
-"""The rewards that make learning show: the class-balanced verifier reward and the copy problem's rewards."""
+"""The rewards that make learning show: the verifier's class-balanced and mixed-only rewards, its parser, and the
+copy problem's rewards."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import pytest
 from flexmarl.meg.spec import MEGSpec
 from flexmarl.rollout.backend import GenerationResult
 from flexmarl.rollout.episodes import Episode, NodeOutput
-from flexmarl.rollout.scoring import score
+from flexmarl.rollout.scoring import sample_rows, score, trainable_samples
 from flexmarl.training.config import TrainerConfig
 from flexmarl.workloads.datasets import DataConfig, Problem, ProblemStream, load_problems
-from flexmarl.workloads.parsers import first_digit
+from flexmarl.workloads.parsers import final_verdict, first_digit
 from flexmarl.workloads.rewards import RewardInput, class_balanced, copies_parent, copies_question
 
 SPEC = MEGSpec.model_validate({
@@ -36,6 +37,41 @@ def verifier_rewards(answers: list[str], verdict: str) -> list[float]:
     episodes = [_episode(j, a, verdict) for j, a in enumerate(answers)]
     score(episodes, SPEC, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
     return [ep.outputs["verifier"].reward for ep in episodes]
+
+
+MIXED = MEGSpec.model_validate({**SPEC.model_dump(), "agents": {
+    **SPEC.model_dump()["agents"], "verifier": {**SPEC.model_dump()["agents"]["verifier"], "reward": "verdict_mixed"}}})
+
+
+def mixed_scored(answers: list[str], verdicts: list[str]) -> list[Episode]:
+    episodes = [_episode(j, a, v) for j, (a, v) in enumerate(zip(answers, verdicts, strict=True))]
+    score(episodes, MIXED, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    return episodes
+
+
+def test_the_mixed_only_verdict_reward_trains_only_groups_that_judge_both_classes() -> None:
+    # all answers wrong: "no" is right every time, yet says nothing about the answer read; no advantage
+    one_class = mixed_scored(["3", "4", "5", "6"], ["incorrect", "incorrect", "correct", "incorrect"])
+    assert [ep.outputs["verifier"].reward for ep in one_class] == [1.0, 1.0, 0.0, 1.0]  # the reward stays plain
+    assert [ep.outputs["verifier"].advantage for ep in one_class] == [0.0] * 4
+    # right and wrong answers in the group: the right verdicts gain, the wrong ones lose
+    mixed = mixed_scored(["2", "3", "2", "5"], ["correct", "correct", "incorrect", "incorrect"])
+    advantages = [ep.outputs["verifier"].advantage for ep in mixed]
+    assert advantages[0] > 0 and advantages[3] > 0 and advantages[1] < 0 and advantages[2] < 0
+    # dynamic sampling leaves the one-class group out, and keeps the mixed one
+    rows = sample_rows(one_class, "verifier")
+    kept, dropped = trainable_samples(rows, dynamic_sampling=True)
+    assert kept.num_rows == 0 and dropped == 1
+    kept, dropped = trainable_samples(sample_rows(mixed, "verifier"), dynamic_sampling=True)
+    assert kept.num_rows == 4 and dropped == 0
+
+
+def test_the_final_verdict_is_the_last_verdict_word_after_the_reasoning() -> None:
+    assert final_verdict("23 + 48 = 71. 71 is not 61. Verdict: no") == "incorrect"
+    assert final_verdict("The proposed answer is wrong... no wait, Verdict: yes") == "correct"
+    assert final_verdict("65 + 22 = 87\nThe proposed answer is correct.") == "correct"
+    assert final_verdict("10 + 1 = 11") is None  # numbers are no verdict
+    assert final_verdict("nothing to say") is None
 
 
 def test_a_verifier_that_always_says_no_earns_half_in_a_mixed_group() -> None:

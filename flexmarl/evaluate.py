@@ -1,23 +1,34 @@
-"""Score an agent's weights on held-out problems: greedy, batched answers, scored by the agent's own reward.
+"""Score a team on held-out problems: its episodes run through the MEG and rollout code that trained it.
 
-Used by the evaluate flow (``flows/evaluate.py``) and by ``flexmarl bench learning``. A root agent of the
-graph (e.g. a solver) is scored alone (``evaluate_agent``); an agent that reads other nodes' outputs (e.g. a
-verifier) is scored on given parent answers (``answer_node`` with ``parents``).
+``run_team`` walks each problem's episode through ``EpisodeGraph`` (the rollout's own prompts, parsers, loops and
+early stops) with one ``HFBackend`` per model, greedily by default; ``score_team`` spreads the problems over a
+Dask cluster's workers, and ``team_figures`` turns the episodes into what a researcher reads: the team's accuracy
+(its answer node's last answer), the answer node's first answer alone, each judge's verdicts against the truth
+(``judge_figures``), each agent's calls per problem, with 95% Wilson intervals. Used by ``flexmarl evaluate``
+(``flows/evaluate.py``) and ``flexmarl bench learning``. ``answer_node`` scores one node on given parent answers
+(a base verifier judging a trained solver's answers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from flexmarl.config import RunConfig
-from flexmarl.models.loading import load_tokenizer
+from flexmarl.cluster.local import scheduler_workers
+from flexmarl.config import ConfigError, RunConfig, load_config
+from flexmarl.models.loading import load_tokenizer, resolve_model
 from flexmarl.rollout.backend import GenerationRequest
-from flexmarl.rollout.episodes import render_prompt
+from flexmarl.rollout.episodes import Episode, EpisodeGraph, render_prompt, request_seed
 from flexmarl.rollout.hf_backend import HFBackend
-from flexmarl.workloads.datasets import DataConfig, Problem, load_problems
-from flexmarl.workloads.registry import PARSERS, REWARDS
+from flexmarl.rollout.scoring import reward_inputs
+from flexmarl.run.layout import CONFIG_FILE
+from flexmarl.workloads.datasets import DataConfig, Problem, load_problems, problem_stream
+from flexmarl.workloads.registry import JUDGED_CLASS, PARSERS, REWARDS
 from flexmarl.workloads.rewards import RewardInput
 
 # Seed offset of the held-out reasoning-gym problems: far from any training seed a config is likely to use.
@@ -32,16 +43,6 @@ class Answer:
     response: str
     parsed: str | None  # None when the agent's parser could not read the response
     reward: float
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    agent: str
-    model_dir: str
-    n: int
-    mean_reward: float
-    parsed_fraction: float  # answers the agent's parser could read
-    examples: list[dict]  # the first few (question, response, parsed, reward)
 
 
 def held_out_problems(data: DataConfig, n: int, *, path: Path | None = None) -> list[Problem]:
@@ -64,6 +65,49 @@ def held_out_problems(data: DataConfig, n: int, *, path: Path | None = None) -> 
             "give a file of held-out problems (data_path), e.g. the GSM8K test split"
         )
     return load_problems(data.model_copy(update={"seed": data.seed + HELD_OUT_SEED_OFFSET, "size": n}))[:n]
+
+
+EXPRESSION = re.compile(r"\d+(?:\.\d+)?|[-+*/()]")
+
+
+def expression_key(question: str) -> str:
+    """The arithmetic a question asks, without its wording (``"What is 4 + 2 - 2?"`` -> ``"4+2-2"``); a question
+    without arithmetic is its own key."""
+    return "".join(EXPRESSION.findall(question)) or question
+
+
+def disjoint_problems(candidates: Sequence[Problem], served: Sequence[Problem], n: int) -> list[Problem]:
+    """The first ``n`` candidates whose expression no served problem asks, each expression at most once.
+
+    Raises:
+        ValueError: fewer than ``n`` such candidates.
+    """
+    seen = {expression_key(t.fields["question"]) for t in served}
+    out = []
+    for problem in candidates:
+        key = expression_key(problem.fields["question"])
+        if key not in seen:
+            seen.add(key)
+            out.append(problem)
+            if len(out) == n:
+                return out
+    raise ValueError(f"only {len(out)} held-out problems share no expression with the training stream; "
+                     f"ask for fewer, or widen data.dataset_args")
+
+
+def served_problems(cfg: RunConfig) -> list[Problem]:
+    """Every problem the run's training stream serves: steps x queries_per_step, in order."""
+    stream = problem_stream(cfg.data)
+    return [t for step in range(cfg.run.steps) for t in stream.batch(step, cfg.run.queries_per_step)]
+
+
+def held_out_for_run(cfg: RunConfig, n: int, *, path: Path | None = None) -> list[Problem]:
+    """``n`` held-out problems for a run: from ``path`` when given, else generated under the held-out seed (4x as
+    many as needed) and kept only when no problem the run's training stream serves asks the same expression, so
+    the same sum asked in other words does not count as held out either."""
+    if path is not None or cfg.data.path is not None:
+        return held_out_problems(cfg.data, n, path=path)
+    return disjoint_problems(held_out_problems(cfg.data, 4 * n), served_problems(cfg), n)
 
 
 def latest_checkpoint(run_dir: Path, agent: str) -> Path | None:
@@ -121,24 +165,270 @@ def answer_node(
             text = tok.decode(result.response_ids, skip_special_tokens=True)
             parsed = PARSERS[spec.parser](text)
             outputs = {**{p: a.parsed for p, a in got.items()}, node: parsed}
-            reward = REWARDS[spec.reward](RewardInput(node, parsed, problem, outputs, parent_nodes, (node,)))
+            reward = REWARDS[spec.reward](RewardInput(node, parsed, problem, outputs, parent_nodes, (node,), text))
             answers.append(Answer(problem.input_id, text, parsed, reward))
     return answers
 
 
-def evaluate_agent(
-    cfg: RunConfig, agent: str, model_dir: str | Path, problems: list[Problem], *, batch_size: int = 16,
-    temperature: float = 0.0,
-) -> EvalResult:
-    """Generate one answer per problem (greedy by default) with a root agent and average its reward."""
-    nodes = [n for n in cfg.nodes_of(agent) if not cfg.graph.expanded.parents(n)]
-    if not nodes:
-        raise ValueError(f"agent {agent!r} reads other nodes' outputs; evaluate a root agent of the graph")
-    answers = answer_node(cfg, nodes[0], model_dir, problems, batch_size=batch_size, temperature=temperature)
-    examples = [
-        {"question": t.fields.get("question", ""), "response": a.response, "parsed": a.parsed, "reward": a.reward}
-        for t, a in zip(problems[:5], answers, strict=False)
-    ]
-    n = max(len(answers), 1)
-    return EvalResult(agent, str(model_dir), len(problems), sum(a.reward for a in answers) / n,
-                      sum(a.parsed is not None for a in answers) / n, examples)
+Z95 = 1.959963984540054
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% by default).
+
+    Example:
+        >>> [round(x, 3) for x in wilson_interval(100, 500)]
+        [0.167, 0.237]
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))  # p inside, despite rounding
+
+
+def proportion(successes: int, n: int) -> dict:
+    """A share with its count and 95% Wilson interval (a list: what a JSON report reads back as)."""
+    return {"correct": successes, "n": n, "accuracy": successes / n if n else 0.0,
+            "interval": list(wilson_interval(successes, n))}
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """One node of a team's episode: what it said, what its parser read, its reward, and for a judge (an agent
+    whose reward is in ``JUDGED_CLASS``) whether the answer it judged was right."""
+
+    node: str
+    agent: str
+    response: str
+    parsed: str | None
+    reward: float
+    judged_right: bool | None = None
+
+
+@dataclass(frozen=True)
+class TeamRun:
+    """A problem's episode through the team's graph, its nodes in the order they ran."""
+
+    problem: Problem
+    nodes: tuple[NodeRun, ...]
+    team_answer: str | None  # the parsed output of the graph's answer node, at its last instance that ran
+    team_correct: bool
+    first_answer_correct: bool  # the answer node's first instance, before the team changed anything
+
+
+def run_team(
+    cfg: RunConfig, model_dirs: Mapping[str, str | Path], problems: Sequence[Problem], *, batch_size: int = 32,
+    temperature: float = 0.0, trajectory: int = 0,
+) -> list[TeamRun]:
+    """Run every problem's episode through the graph with each agent's weights in ``model_dirs`` and score it.
+
+    Nodes are generated wave by wave: every ready node of one agent, in batches of ``batch_size`` problems, then
+    the next; a loop's early stop skips the later turns exactly as in training. At temperature 0 (the default)
+    decoding is greedy, so the same weights, problems and batch size give the same runs; above it, each node
+    samples with the seed training would give group member ``trajectory`` (``request_seed``).
+
+    Raises:
+        ValueError: an agent of the graph without a model directory.
+    """
+    missing = sorted(set(cfg.agents) - set(model_dirs))
+    if missing:
+        raise ValueError(f"no model directory for agent(s) {missing}; give one per agent of the graph")
+    tokenizers = {a: load_tokenizer(Path(model_dirs[a])) for a in cfg.agents}
+    backends: dict[str, HFBackend] = {}  # by model directory: agents on the same weights share one
+    for agent in cfg.agents:
+        backends.setdefault(str(model_dirs[agent]), HFBackend(model_dirs[agent]))
+    graph = EpisodeGraph(cfg, tokenizers)
+    episodes = [Episode(problem, trajectory_id=trajectory, step=0) for problem in problems]
+    ready = [(ep, node) for ep in episodes for node in graph.roots]
+    while ready:
+        agent = graph.agent_of[ready[0][1]]
+        wave, ready = [r for r in ready if graph.agent_of[r[1]] == agent], [r for r in ready
+                                                                            if graph.agent_of[r[1]] != agent]
+        sampling = cfg.agents[agent].sampling
+        backend = backends[str(model_dirs[agent])]
+        for start in range(0, len(wave), batch_size):
+            chunk = wave[start:start + batch_size]
+            prompts = [graph.prompt(ep, node) for ep, node in chunk]
+            requests = [GenerationRequest(graph.sample_id(ep, node), ids, sampling.max_new_tokens, temperature,
+                                          request_seed(cfg.run.seed, graph.sample_id(ep, node)))
+                        for (ep, node), ids in zip(chunk, prompts, strict=True)]
+            for (ep, node), ids, result in zip(chunk, prompts, backend.generate(requests), strict=True):
+                ready += [(ep, child) for child in graph.record(ep, node, ids, result)]
+    return [team_run(ep, cfg) for ep in episodes]
+
+
+def team_run(ep: Episode, cfg: RunConfig) -> TeamRun:
+    """The finished episode as a record: each node's reward (the raw reward, before any group reweighting; 0 where
+    the reward function raised, as a failed episode earns nothing in training)."""
+    nodes = []
+    for node, x in reward_inputs(ep, cfg).items():
+        out = ep.outputs[node]
+        reward_name = cfg.agents[out.agent].reward
+        try:
+            reward = float(REWARDS[reward_name](x))
+            judged = JUDGED_CLASS[reward_name](x) if reward_name in JUDGED_CLASS else None
+        except Exception:  # noqa: BLE001 - reward code may fail on odd outputs
+            reward, judged = 0.0, None
+        nodes.append(NodeRun(node, out.agent, out.text, out.parsed, reward, judged))
+    instances = [n for n in cfg.graph.expanded.instances(cfg.graph.answer_node()) if n in ep.outputs]
+    order = cfg.graph.expanded.order()
+    instances.sort(key=order.index)
+    by_node = {n.node: n for n in nodes}
+    right = [by_node[n].reward == 1.0 for n in instances]
+    return TeamRun(ep.problem, tuple(nodes), by_node[instances[-1]].parsed, right[-1],
+                   right[0])
+
+
+def spread(client, fn, items: Sequence, *args, batch_size: int = 32) -> list:
+    """``fn(*args, items_share, batch_size=batch_size)`` on each worker of the cluster, each share a contiguous
+    run of whole batches of ``items`` (so the results do not depend on the number of workers), concatenated."""
+    if not items:
+        return []
+    workers = sorted(scheduler_workers(client))
+    per_worker = math.ceil(math.ceil(len(items) / batch_size) / len(workers)) * batch_size
+    shares = [(w, items[i * per_worker:(i + 1) * per_worker]) for i, w in enumerate(workers)]
+    futures = [client.submit(fn, *args, share, batch_size=batch_size, workers=[w], allow_other_workers=False,
+                             pure=False) for w, share in shares if share]
+    return [x for f in futures for x in f.result()]
+
+
+def score_team(client, cfg: RunConfig, model_dirs: Mapping[str, str | Path], problems: Sequence[Problem], *,
+               batch_size: int = 32, temperature: float = 0.0, trajectory: int = 0) -> list[TeamRun]:
+    """``run_team`` spread over the cluster's workers."""
+    return spread(client, partial(run_team, temperature=temperature, trajectory=trajectory), list(problems), cfg,
+                  {a: str(d) for a, d in model_dirs.items()}, batch_size=batch_size)
+
+
+def judge_again(cfg: RunConfig, agent: str, model_dir: str | Path, runs: Sequence[TeamRun], *,
+                batch_size: int = 32) -> list[tuple[str | None, bool]]:
+    """``agent``'s verdicts, with the weights in ``model_dir``, on the very answers its nodes judged in ``runs``
+    (e.g. the base verifier on the trained solver's answers): one (verdict, judged answer right) per judgment."""
+    out: list[tuple[str | None, bool]] = []
+    for node in cfg.nodes_of(agent):
+        judged = [(run, {x.node: x for x in run.nodes}) for run in runs]
+        judged = [(run, by) for run, by in judged if node in by and by[node].judged_right is not None]
+        if not judged:
+            continue
+        parents = [{p: Answer(run.problem.input_id, by[p].response, by[p].parsed, by[p].reward)
+                    for p in cfg.graph.expanded.parents(node) if p in by} for run, by in judged]
+        answers = answer_node(cfg, node, model_dir, [run.problem for run, _ in judged], parents=parents,
+                              batch_size=batch_size)
+        out += [(a.parsed, bool(by[node].judged_right)) for a, (_, by) in zip(answers, judged, strict=True)]
+    return out
+
+
+def judge_figures(verdicts: Sequence[str | None], truths: Sequence[bool]) -> dict:
+    """A judge's verdicts (``correct``, ``incorrect``, None: unparsed) against whether each judged answer was right.
+
+    ``tpr``: right answers it called correct; ``tnr``: wrong answers it called incorrect; ``balanced``: their
+    mean (0.5 for a constant verdict; None when a class is absent); ``unparsed``: verdicts its parser could not
+    read; ``always_yes`` and ``always_no``: the agreement of the two trivial judges on the same answers.
+
+    Example:
+        >>> f = judge_figures(["correct", "incorrect", None, "incorrect"], [True, True, False, False])
+        >>> f["tpr"]["accuracy"], f["tnr"]["accuracy"], f["balanced"], f["unparsed"], f["always_no"]
+        (0.5, 0.5, 0.5, 0.25, 0.5)
+    """
+    if len(verdicts) != len(truths):
+        raise ValueError(f"{len(verdicts)} verdicts for {len(truths)} answers")
+    right = [v for v, t in zip(verdicts, truths, strict=True) if t]
+    wrong = [v for v, t in zip(verdicts, truths, strict=True) if not t]
+    tpr = proportion(sum(v == "correct" for v in right), len(right))
+    tnr = proportion(sum(v == "incorrect" for v in wrong), len(wrong))
+    n = max(len(truths), 1)
+    return {"n": len(truths), "right_answers": len(right), "wrong_answers": len(wrong), "tpr": tpr, "tnr": tnr,
+            "balanced": (tpr["accuracy"] + tnr["accuracy"]) / 2 if right and wrong else None,
+            "unparsed": sum(v is None for v in verdicts) / n,
+            "said_correct": sum(v == "correct" for v in verdicts) / n,
+            "always_yes": len(right) / n, "always_no": len(wrong) / n}
+
+
+def team_figures(runs: Sequence[TeamRun]) -> dict:
+    """What the team did on the problems: ``team`` accuracy, ``first_answer`` accuracy (the answer node alone),
+    and per agent its ``calls_per_problem``, ``mean_reward`` and, for a judge, ``judge_figures`` over every
+    verdict it gave."""
+    n = len(runs)
+    by_agent: dict[str, list[NodeRun]] = defaultdict(list)
+    for run in runs:
+        for node in run.nodes:
+            by_agent[node.agent].append(node)
+    agents = {}
+    for agent, nodes in by_agent.items():
+        figures = {"calls_per_problem": len(nodes) / max(n, 1),
+                   "mean_reward": sum(x.reward for x in nodes) / len(nodes)}
+        judged = [x for x in nodes if x.judged_right is not None]
+        if judged:
+            figures["judge"] = judge_figures([x.parsed for x in judged], [bool(x.judged_right) for x in judged])
+        agents[agent] = figures
+    return {"n": n, "team": proportion(sum(r.team_correct for r in runs), n),
+            "first_answer": proportion(sum(r.first_answer_correct for r in runs), n), "agents": agents}
+
+
+def judge_agents(cfg: RunConfig) -> list[str]:
+    """The agents that judge another node's answer (their reward is in ``JUDGED_CLASS``)."""
+    return [a for a, spec in cfg.agents.items() if spec.reward in JUDGED_CLASS]
+
+
+def evaluation_report(client, cfg: RunConfig, trained_dirs: Mapping[str, Path], base_dirs: Mapping[str, Path],
+                      problems: Sequence[Problem], *, batch_size: int = 32) -> tuple[dict, list[TeamRun]]:
+    """The trained team and the base team on ``problems``, and each base judge on the trained team's answers.
+
+    Returns:
+        The report (``trained`` and ``base``: ``team_figures``; ``base_judges``: per judge agent, the base weights'
+        ``judge_figures`` on the very answers the trained judge judged), and the trained team's runs.
+    """
+    trained = score_team(client, cfg, trained_dirs, problems, batch_size=batch_size)
+    base = score_team(client, cfg, base_dirs, problems, batch_size=batch_size)
+    base_judges = {}
+    for agent in judge_agents(cfg):
+        pairs = spread(client, judge_again, trained, cfg, agent, str(base_dirs[agent]), batch_size=batch_size)
+        base_judges[agent] = judge_figures([v for v, _ in pairs], [t for _, t in pairs])
+    report = {"n": len(problems), "trained": team_figures(trained), "base": team_figures(base),
+              "base_judges": base_judges,
+              "model_dirs": {"trained": {a: str(d) for a, d in trained_dirs.items()},
+                             "base": {a: str(d) for a, d in base_dirs.items()}}}
+    return report, trained
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """What ``flexmarl evaluate`` scores, decided (and every input checked) before anything starts."""
+
+    cfg: RunConfig
+    trained_dirs: dict[str, Path]  # each agent's latest checkpoint
+    base_dirs: dict[str, Path]  # each agent's starting model
+    problems: list[Problem]
+    source: str  # where the problems come from, in words
+
+
+def plan_evaluation(run_dir: Path, n: int, *, data_path: Path | None = None) -> EvaluationPlan:
+    """Check the run directory and resolve what the evaluation scores.
+
+    Raises:
+        ConfigError: no run directory, an agent without a checkpoint or with an adapter, or too few held-out
+            problems. DataError: an unreadable ``data_path``.
+    """
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no {CONFIG_FILE}); give a directory `flexmarl train` "
+                          "wrote")
+    cfg = load_config(run_dir / CONFIG_FILE)
+    adapters = sorted(a for a, spec in cfg.agents.items() if spec.adapter is not None)
+    if adapters:
+        raise ConfigError(f"agents {adapters} train adapters, which evaluate does not load yet; export each merged "
+                          f"(`flexmarl export {run_dir} AGENT OUT --merge`) and score that model")
+    trained = {a: latest_checkpoint(run_dir, a) for a in cfg.agents}
+    missing = sorted(a for a, d in trained.items() if d is None)
+    if missing:
+        raise ConfigError(f"{run_dir} has no checkpoint of {missing} (checkpoints/<agent>/v<N>): train the run "
+                          f"first, or continue it with `flexmarl train --resume {run_dir}`")
+    try:
+        problems = held_out_for_run(cfg, n, path=data_path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    source = (f"{data_path}: its first {len(problems)}" if data_path else
+              f"reasoning-gym {cfg.data.dataset} under another seed: {len(problems)} problems, none asking an "
+              "expression the training stream asked")
+    base = {a: resolve_model(spec.model, seed=cfg.run.seed) for a, spec in cfg.agents.items()}
+    return EvaluationPlan(cfg, {a: d for a, d in trained.items() if d is not None}, base, problems, source)

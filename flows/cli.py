@@ -172,6 +172,44 @@ def validate(
                   soft_wrap=True)
 
 
+@app.command()
+def evaluate(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory with checkpoints.")],
+    n: Annotated[int, typer.Option(min=1, help="Held-out problems.")] = 500,
+    data_path: Annotated[Optional[Path], typer.Option(
+        help="A JSONL file of held-out problems (default: the run's dataset under another seed).")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Problems per greedy generation batch.")] = 32,
+    dask_address: Annotated[Optional[str], typer.Option(help="Existing Dask scheduler address.")] = None,
+) -> None:
+    """Run the trained team on held-out problems through its own graph, beside its base team: the team's
+    accuracy, each agent's, each judge's verdicts, calls per problem, with 95% Wilson intervals
+    (RUN_DIR/evaluation.json)."""
+    from flexmarl.evaluate import plan_evaluation
+    from flexmarl.run.layout import EVALUATION_FILE
+
+    try:  # every input is checked here, before a server or a cluster starts
+        plan_evaluation(run_dir, n, data_path=data_path)
+    except user_errors() as exc:
+        fail(str(exc))
+    from flows.evaluate import evaluate_run, evaluation_rows
+    from flows.prefect_server import prefect_api
+
+    try:
+        with prefect_api() as url:
+            console.print(f"Prefect API: {url}")
+            report = evaluate_run(str(run_dir), n=n, data_path=str(data_path) if data_path else None,
+                                  batch_size=batch_size, dask_address=dask_address)
+    except user_errors() as exc:
+        fail(str(exc))
+    table = Table(title=f"{run_dir} on {report['n']} held-out problems (greedy; 95% Wilson intervals)")
+    for col in ("", "base", "trained"):
+        table.add_column(col)
+    for row in evaluation_rows(report):
+        table.add_row(row["what"], row["base"], row["trained"])
+    console.print(table)
+    console.print(f"report: {run_dir / EVALUATION_FILE}", highlight=False)
+
+
 app.command("report")(report_command)
 app.command("export")(export_command)
 

@@ -164,6 +164,10 @@ class GraphSpec(Strict):
     """Cycles unrolled to a bounded number of turns (see ``graph.loops[]``); a cycle not declared here is
     an error."""
 
+    answer: str | None = None
+    """The declared node whose output is the team's answer: its latest instance that ran (in a loop, the turn it
+    stopped in). null: the last declared node. ``flexmarl evaluate`` scores the team by it."""
+
     _expanded: ExpandedGraph = PrivateAttr()
 
     @model_validator(mode="after")
@@ -188,6 +192,9 @@ class GraphSpec(Strict):
             if lp.stop_when else DeclaredLoop(tuple(lp.nodes), lp.max_turns)
             for lp in self.loops
         ]
+        if self.answer is not None and self.answer not in names:
+            raise ValueError(f"graph.answer names unknown node {self.answer!r}{did_you_mean(self.answer, names)}; "
+                             f"nodes are {names}")
         # raises GraphError (a ValueError) naming the declared nodes
         self._expanded = expand([DeclaredNode(n.name, n.agent, n.copies) for n in self.nodes], self.edges, loops)
         return self
@@ -196,6 +203,10 @@ class GraphSpec(Strict):
     def expanded(self) -> ExpandedGraph:
         """The graph the rollout engine runs: copies and loops unrolled (see ``flexmarl.meg.graph``)."""
         return self._expanded
+
+    def answer_node(self) -> str:
+        """The declared node whose latest instance gives the team's answer (``answer``)."""
+        return self.answer or self.nodes[-1].name
 
     def parents(self, node: str) -> list[str]:
         """The declared parents of a declared node."""

@@ -7,6 +7,8 @@
     RUN_DIR/meg.png, rewards.png             the graph and the agents' rewards, as the flow run's artifacts show
     RUN_DIR/store/                           the Delta tables (or the config's store.uri)
     RUN_DIR/state/                           training states: parked, and snapshots (or training.state_uri)
+    RUN_DIR/evaluation.json                  `flexmarl evaluate`: the team on held-out problems, beside its base
+    RUN_DIR/evaluation_runs.jsonl            ... and every node of every episode it ran
     RUN_DIR/checkpoints/<agent>/v<N>/        Hugging Face directories: weights and tokenizer (an adapter agent's:
                                              its adapter in peft's format, adapter_config.json, and tokenizer)
 """
@@ -25,6 +27,8 @@ REWARDS_PICTURE = "rewards.png"
 STORE_DIR = "store"
 STATE_DIR = "state"
 CHECKPOINTS_DIR = "checkpoints"
+EVALUATION_FILE = "evaluation.json"
+EVALUATION_RUNS_FILE = "evaluation_runs.jsonl"
 
 
 def store_uri(configured: str | None, run_dir: str | os.PathLike) -> str:

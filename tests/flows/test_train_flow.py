@@ -78,12 +78,17 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
     assert episodes.num_rows == STEPS * QUERIES * GROUP
     assert (run_dir / "report.json").exists() and (run_dir / "config.yaml").exists()
 
-    # the evaluate flow scores the latest checkpoint, greedily and so reproducibly, on unseen tasks
+    # the evaluate flow runs the team of the latest checkpoints, greedily and so reproducibly, on unseen problems,
+    # beside the base team, and writes what it ran
     from flows.evaluate import evaluate_run
 
-    first = evaluate_run(str(run_dir), agent="solver", n=4)
-    assert first["model_dir"].endswith(f"checkpoints/solver/v{STEPS}") and first["n"] == 4
-    assert 0.0 <= first["mean_reward"] <= 1.0
-    assert evaluate_run(str(run_dir), agent="solver", n=4)["examples"] == first["examples"]
+    first = evaluate_run(str(run_dir), n=4, batch_size=2)
+    assert first["model_dirs"]["trained"]["solver"].endswith(f"checkpoints/solver/v{STEPS}") and first["n"] == 4
+    assert 0.0 <= first["trained"]["team"]["accuracy"] <= 1.0
+    assert set(first["base_judges"]) == {"verifier"}
+    assert first["trained"]["agents"]["verifier"]["judge"]["n"] == 4  # one verdict per solver answer
+    runs = [json.loads(line) for line in (run_dir / "evaluation_runs.jsonl").read_text().splitlines()]
+    assert json.loads((run_dir / "evaluation.json").read_text()) == first
+    assert evaluate_run(str(run_dir), n=4, batch_size=2) == first
     train_questions = {t["fields"]["question"] for t in map(json.loads, episodes["task"].to_pylist())}
-    assert not {e["question"] for e in first["examples"]} & train_questions
+    assert len(runs) == 4 and not {r["problem"]["fields"]["question"] for r in runs} & train_questions

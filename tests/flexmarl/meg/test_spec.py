@@ -31,9 +31,9 @@ def config_with(tmp_path, **changes) -> str:
 
 
 def test_presets_are_valid() -> None:
-    for preset in ("tiny", "default"):
-        cfg = load_config(preset=preset)
-        assert cfg.graph.order() == ["solver", "verifier"]
+    assert load_config(preset="tiny").graph.order() == ["solver", "verifier"]
+    # the default team: a rejected answer gets a second turn
+    assert load_config(preset="default").graph.order() == ["solver_t0", "verifier_t0", "solver_t1", "verifier_t1"]
 
 
 def test_cycle_is_rejected_with_its_path(tmp_path) -> None:
@@ -111,3 +111,10 @@ def test_per_agent_trainer_overrides() -> None:
     assert cfg.trainer_config("solver") == cfg.training
     with pytest.raises(ConfigError, match="agents.verifier.training: lrr: unknown key"):
         load_config(preset="tiny", overrides=["agents.verifier.training={lrr: 1.0e-5}"])
+
+
+def test_the_answer_node_must_be_a_node_and_defaults_to_the_last() -> None:
+    assert load_config(preset="default").graph.answer_node() == "solver"
+    assert load_config(preset="fan_out").graph.answer_node() == load_config(preset="fan_out").graph.nodes[-1].name
+    with pytest.raises(ConfigError, match="graph.answer names unknown node 'solvr'.*did you mean 'solver'"):
+        load_config(preset="default", overrides=["graph.answer=solvr"])

@@ -238,34 +238,35 @@ def train_with_flow(config_file: Path, run_dir: Path, address: str) -> dict:
 @bench_app.command("learning")
 def learning(
     out: Annotated[Path, typer.Option(
-        help="Output directory for learning.json, learning.png, the answers and the run.")],
-    steps: Annotated[Optional[int], typer.Option(
-        min=1, help="Optimizer steps per agent (default 40: with scoring, under an hour on 2 free CPU cores)."
-    )] = None,
+        help="Output directory for learning.json, learning.png, the episodes and the runs.")],
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps per agent (default 40).")] = None,
     n_eval: Annotated[Optional[int], typer.Option(min=1, help="Held-out problems scored, base and trained "
                                                   "(default 500).")] = None,
     gsm8k_n: Annotated[Optional[int], typer.Option(min=0, help="GSM8K test problems scored beside them "
-                                                   "(default 100; 0: none).")] = None,
+                                                   "(default 0: none).")] = None,
+    single: Annotated[bool, typer.Option(help="Also train and score a single solver at the team's compute.")] = True,
     preset: Annotated[str, typer.Option(help="Workload: default (SmolLM2-135M) or tiny (for tests).")] = "default",
     data_dir: Annotated[Optional[Path], typer.Option(help="Directory with the GSM8K test.jsonl "
                                                      "(default ../shared/data/gsm8k beside the repository).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override: dotted.key=value.")] = None,
 ) -> None:
-    """Score the base solver -> verifier team on held-out problems, train it, score it again.
+    """Score the base team on held-out problems, train it, score it again; train a single solver with the team's
+    samples and updates and score it beside the team.
 
-    The held-out problems come from the preset's dataset under a seed no run uses and share no arithmetic
-    expression with the training stream; accuracy is greedy, with a 95% Wilson interval. The verifier is
-    reported beside the two trivial verifiers (always yes, always no) and with its precision on "correct".
-    GSM8K test problems are scored beside them, when the files are there. Budget on top of the preset:
-    flexmarl/bench/learning_bench.py BUDGET (docs/performance.md, "Learning").
+    Held-out problems come from the preset's dataset under a seed no run uses and share no arithmetic
+    expression with the training stream; accuracy is greedy, through the team's own graph, with 95% Wilson
+    intervals. The verifier is reported beside the base verifier and the two trivial ones (always yes, always
+    no). Budget on top of the preset: flexmarl/bench/learning_bench.py BUDGET (docs/performance.md, "Learning").
     """
     from flexmarl.bench.learning_bench import GSM8K_DIR, GSM8K_N, N_EVAL, plan_learning, run_learning_bench
     from flexmarl.config import ConfigError
+    from flows.evaluate import number
     from flows.prefect_server import PrefectAPIError, prefect_api
 
     try:
         plan = plan_learning(out, preset=preset, steps=steps, n_eval=n_eval or N_EVAL, overrides=set_ or [],
-                             data_dir=data_dir or GSM8K_DIR, gsm8k_n=GSM8K_N if gsm8k_n is None else gsm8k_n)
+                             data_dir=data_dir or GSM8K_DIR, gsm8k_n=GSM8K_N if gsm8k_n is None else gsm8k_n,
+                             single=single)
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
 
@@ -275,15 +276,28 @@ def learning(
             report = run_learning_bench(plan, out, train=train_with_flow, log=console.print)
     except PrefectAPIError as exc:
         fail(str(exc))
-    base_lo, base_hi = report["base_interval"]
-    lo, hi = report["trained_interval"]
-    verifier = report["verifier"]["trained"]
-    console.print(
-        f"solver accuracy on {report['n_eval']} held-out problems: base {report['base_accuracy']:.3f} "
-        f"[{base_lo:.3f}, {base_hi:.3f}], trained {report['trained_accuracy']:.3f} [{lo:.3f}, {hi:.3f}] after "
-        f"{report['steps']} steps (+{report['gained']} / -{report['lost']} problems); trained verifier: agreement "
-        f"{verifier['agreement']:.3f} (always yes {verifier['always_yes']:.3f}, always no {verifier['always_no']:.3f}),"
-        f" balanced {verifier['balanced_agreement']:.3f}; {report['wall_s']:.0f} s", highlight=False,
-    )
+
+    def share(key: str) -> str:
+        p = report[key]
+        return f"{p['accuracy']:.3f} [{p['interval'][0]:.3f}, {p['interval'][1]:.3f}]"
+
+    table = Table(title=f"{report['n_eval']} held-out problems, greedy, after {report['steps']} steps "
+                        f"({report['wall_s']:.0f} s)")
+    table.add_column("")
+    table.add_column("accuracy [95% Wilson]")
+    for name, key in (("base solver", "base_accuracy"), ("trained solver alone", "solver_accuracy"),
+                      ("trained team", "team_accuracy"),
+                      ("single solver, equal compute", "single_equal_compute_accuracy"),
+                      (f"its majority of {report.get('majority_k')}", "majority_vote_accuracy")):
+        if key in report:
+            table.add_row(name, share(key))
+    console.print(table)
+    verifier = report["verifier"]
+    if verifier:
+        for stage in ("base", "trained"):
+            v = verifier[stage]
+            console.print(f"{stage} verifier on the trained solver's answers: right answers accepted "
+                          f"{v['tpr']['accuracy']:.3f}, wrong rejected {v['tnr']['accuracy']:.3f}, balanced "
+                          f"{number(v['balanced'])}, unparsed {v['unparsed']:.3f}", highlight=False)
     console.print(f"picture: {out / 'learning.png'}")
     console.print(f"report: {out / 'learning.json'}")

@@ -117,29 +117,30 @@ def _why_missing(series: AgentSeries, attr: str) -> str:
 
 
 def draw_learning(report: dict, path: Path) -> Path:
-    """The learning bench: each agent's training reward by step (left), and the solver's held-out accuracy
-    before and after training with 95% Wilson intervals (right)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for agent, rewards in report["train_reward_by_step"].items():
+    """The learning bench: each agent's training reward by step (left; the single solver's dashed), and the
+    held-out accuracy of the base solver, the trained solver alone, the trained team and the single solver at
+    equal compute, with 95% Wilson intervals (right)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    curves = [(agent, rewards, "-") for agent, rewards in report["train_reward_by_step"].items()]
+    curves += [(f"{agent} (single)", rewards, "--")
+               for agent, rewards in report.get("single_train_reward_by_step", {}).items()]
+    for label, rewards, style in curves:
         steps = [i for i, r in enumerate(rewards) if r is not None]
-        left.plot(steps, [rewards[i] for i in steps], marker=".", label=agent)
+        left.plot(steps, [rewards[i] for i in steps], style, marker=".", label=label)
     left.legend()
     _label(left, "training reward (sampled)", "training step", "mean reward")
     left.xaxis.set_major_locator(MaxNLocator(integer=True))
-    bars = [("held-out", report["base_accuracy"], report["trained_accuracy"],
-             report["base_interval"], report["trained_interval"])]
-    if report.get("gsm8k"):
-        g = report["gsm8k"]
-        bars.append(("GSM8K test", g["base"]["accuracy"], g["trained"]["accuracy"], g["base"]["interval"],
-                     g["trained"]["interval"]))
-    for i, (name, base, trained, base_ci, trained_ci) in enumerate(bars):
-        for j, (value, (lo, hi), colour, label) in enumerate(
-                ((base, base_ci, "#9e9e9e", "base"), (trained, trained_ci, "#1976d2", "trained"))):
-            right.bar(i * 3 + j, value, color=colour, label=label if i == 0 else None,
-                      yerr=[[max(value - lo, 0.0)], [max(hi - value, 0.0)]], capsize=4)
-    right.set_xticks([i * 3 + 0.5 for i in range(len(bars))], [f"{b[0]}" for b in bars])
-    right.legend()
-    _label(right, f"solver accuracy, greedy (n={report['n_eval']} held-out)", "", "accuracy (95% Wilson)")
+    bars = [(name, report[key]) for name, key in (
+        ("base solver", "base_accuracy"), ("trained solver\nalone", "solver_accuracy"),
+        ("trained team", "team_accuracy"),
+        ("single solver,\nequal compute", "single_equal_compute_accuracy"),
+        (f"its majority\nof {report.get('majority_k', 0)}", "majority_vote_accuracy")) if key in report]
+    for i, (name, p) in enumerate(bars):
+        lo, hi = p["interval"]
+        right.bar(i, p["accuracy"], color="#1976d2" if name == "trained team" else "#9e9e9e",
+                  yerr=[[max(p["accuracy"] - lo, 0.0)], [max(hi - p["accuracy"], 0.0)]], capsize=4)
+    right.set_xticks(range(len(bars)), [name for name, _ in bars], fontsize=8)
+    _label(right, f"accuracy, greedy (n={report['n_eval']} held-out)", "", "accuracy (95% Wilson)")
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

@@ -8,37 +8,31 @@ from pathlib import Path
 import pytest
 
 from flexmarl.bench.learning_bench import (
-    GSM8K_DIR, disjoint_problems, expression_key, plan_learning, served_problems, team_nodes, verifier_agreement,
-    verifier_figures, wilson_interval,
+    GSM8K_DIR, majority_vote, plan_learning, single_config, without_fields,
 )
 from flexmarl.config import load_config
-from flexmarl.evaluate import answer_node, held_out_problems
+from flexmarl.evaluate import (
+    NodeRun, TeamRun, answer_node, disjoint_problems, expression_key, held_out_problems, judge_figures,
+    served_problems, wilson_interval,
+)
 from flexmarl.workloads.datasets import Problem, load_problems
 
 needs_gsm8k = pytest.mark.skipif(not (GSM8K_DIR / "test.jsonl").is_file(), reason="GSM8K files not present")
 
 
-def test_verifier_agreement_counts_matching_verdicts_and_unreadable_ones_as_disagreeing() -> None:
-    verdicts = ["correct", "incorrect", "incorrect", "correct", None, None]
-    truths = [True, False, True, False, True, False]
-    # agree: a right answer called correct, a wrong one called incorrect; the rest disagree
-    assert verifier_agreement(verdicts, truths) == pytest.approx(2 / 6)
-    # a verifier that always says "incorrect" scores the share of wrong answers
-    assert verifier_agreement(["incorrect"] * 4, [False, False, False, True]) == 0.75
-    with pytest.raises(ValueError, match="3 verdicts for 2 answers"):
-        verifier_agreement(["correct"] * 3, [True, False])
-
-
-def test_verifier_figures_put_the_trivial_verifiers_beside_the_real_one() -> None:
+def test_judge_figures_count_each_class_and_put_the_trivial_judges_beside() -> None:
     truths = [True, False, False, False]
-    always_no = verifier_figures(["incorrect"] * 4, truths)
-    assert always_no["agreement"] == always_no["always_no"] == 0.75
-    assert always_no["balanced_agreement"] == 0.5 and always_no["precision_correct"] is None
-    always_yes = verifier_figures(["correct"] * 4, truths)
-    assert always_yes["agreement"] == always_yes["always_yes"] == 0.25 and always_yes["balanced_agreement"] == 0.5
-    assert always_yes["precision_correct"] == 0.25 and always_yes["said_correct"] == 1.0
-    perfect = verifier_figures(["correct", "incorrect", "incorrect", "incorrect"], truths)
-    assert perfect["balanced_agreement"] == 1.0 and perfect["precision_correct"] == 1.0
+    always_no = judge_figures(["incorrect"] * 4, truths)
+    assert always_no["tpr"]["accuracy"] == 0.0 and always_no["tnr"]["accuracy"] == 1.0
+    assert always_no["balanced"] == 0.5 and always_no["always_no"] == 0.75 and always_no["always_yes"] == 0.25
+    perfect = judge_figures(["correct", "incorrect", "incorrect", "incorrect"], truths)
+    assert perfect["balanced"] == 1.0 and perfect["unparsed"] == 0.0
+    # an unreadable verdict is wrong in either class, and counted
+    unread = judge_figures([None, None, "incorrect", "correct"], truths)
+    assert unread["tpr"]["correct"] == 0 and unread["tnr"]["correct"] == 1 and unread["unparsed"] == 0.5
+    assert judge_figures(["correct"], [True])["balanced"] is None  # one class: no balanced accuracy
+    with pytest.raises(ValueError, match="3 verdicts for 2 answers"):
+        judge_figures(["correct"] * 3, [True, False])
 
 
 def test_wilson_interval_matches_the_textbook_values() -> None:
@@ -88,9 +82,26 @@ def test_held_out_problems_refuse_the_run_s_own_training_file(tmp_path: Path) ->
         held_out_problems(data, 4)
 
 
-def test_the_bench_refuses_a_graph_that_is_not_a_solver_verifier_chain() -> None:
-    with pytest.raises(ValueError, match="two-node solver -> verifier"):
-        team_nodes(load_config(preset="fan_out"))
+def test_the_single_solver_is_the_team_s_answer_agent_alone_with_its_first_turn_prompt() -> None:
+    team = load_config(preset="default")
+    single = single_config(team, queries_per_step=17)
+    assert list(single.agents) == ["solver"] and [n.name for n in single.graph.nodes] == ["solver"]
+    assert single.agents["solver"].prompt == "Compute: {question} Give the final answer as a number.\n"
+    assert single.run.queries_per_step == 17 and single.run.steps == team.run.steps
+    assert single.data == team.data and single.agents["solver"].sampling == team.agents["solver"].sampling
+    assert without_fields("{a} {{x}} {b!r:>3}", {"b"}) == " {{x}} {b!r:>3}"
+
+
+def test_majority_vote_takes_the_most_common_answer_and_the_earliest_on_a_tie() -> None:
+    problem = Problem("p", {"question": "1 + 1"}, "2")
+
+    def run(answer: str | None) -> TeamRun:
+        return TeamRun(problem, (NodeRun("solver", "solver", str(answer), answer, 0.0),), answer, answer == "2",
+                       answer == "2")
+
+    assert majority_vote([[run("3")], [run("2")], [run("2")]]) == [True]
+    assert majority_vote([[run("3")], [run("2")]]) == [False]  # a tie: the first sample's answer
+    assert majority_vote([[run(None)], [run(None)]]) == [False]
 
 
 def test_greedy_scoring_of_the_same_weights_is_deterministic(tiny_dir: Path) -> None:
@@ -102,10 +113,6 @@ def test_greedy_scoring_of_the_same_weights_is_deterministic(tiny_dir: Path) -> 
     parents = [{"solver": a} for a in first]
     verdicts = answer_node(cfg, "verifier", tiny_dir, problems, parents=parents, batch_size=4)
     assert answer_node(cfg, "verifier", tiny_dir, problems, parents=parents, batch_size=4) == verdicts
-    # the agreement is the verifier's own reward, averaged
-    truths = [a.reward == 1.0 for a in first]
-    assert verifier_agreement([v.parsed for v in verdicts], truths) == pytest.approx(
-        sum(v.reward for v in verdicts) / len(verdicts))
     with pytest.raises(ValueError, match="pass their answers as parents"):
         answer_node(cfg, "verifier", tiny_dir, problems)
 

@@ -244,8 +244,8 @@ def run_team(
     ready = [(ep, node) for ep in episodes for node in graph.roots]
     while ready:
         agent = graph.agent_of[ready[0][1]]
-        wave, ready = [r for r in ready if graph.agent_of[r[1]] == agent], [r for r in ready
-                                                                            if graph.agent_of[r[1]] != agent]
+        wave = [r for r in ready if graph.agent_of[r[1]] == agent]
+        ready = [r for r in ready if graph.agent_of[r[1]] != agent]
         sampling = cfg.agents[agent].sampling
         backend = backends[str(model_dirs[agent])]
         for start in range(0, len(wave), batch_size):
@@ -272,13 +272,12 @@ def team_run(ep: Episode, cfg: RunConfig) -> TeamRun:
         except Exception:  # noqa: BLE001 - reward code may fail on odd outputs
             reward, judged = 0.0, None
         nodes.append(NodeRun(node, out.agent, out.text, out.parsed, reward, judged))
-    instances = [n for n in cfg.graph.expanded.instances(cfg.graph.answer_node()) if n in ep.outputs]
     order = cfg.graph.expanded.order()
-    instances.sort(key=order.index)
+    answers = sorted((n for n in cfg.graph.expanded.instances(cfg.graph.answer_node()) if n in ep.outputs),
+                     key=order.index)
     by_node = {n.node: n for n in nodes}
-    right = [by_node[n].reward == 1.0 for n in instances]
-    return TeamRun(ep.problem, tuple(nodes), by_node[instances[-1]].parsed, right[-1],
-                   right[0])
+    first, last = by_node[answers[0]], by_node[answers[-1]]
+    return TeamRun(ep.problem, tuple(nodes), last.parsed, last.reward == 1.0, first.reward == 1.0)
 
 
 def spread(client, fn, items: Sequence, *args, batch_size: int = 32) -> list:

@@ -114,6 +114,10 @@ def train(
         table.add_row(agent, str(a["policy_version"]), str(a["updates"]), str(a["samples_generated"]),
                       str(a["samples_trained"]), str(a["tokens_generated"]), rewards)
     console.print(table)
+    from flexmarl.report.summary import learned_lines
+
+    for line in learned_lines(report):
+        console.print(f"learned: {line}", highlight=False)
     for line in failure_lines(report):
         console.print(f"[yellow]warning:[/] {line}", highlight=False)
     from flexmarl.report.write import write_report

@@ -49,6 +49,28 @@ def agent_rows(run: RunDirectory, series: Mapping[str, AgentSeries], report: dic
     return rows
 
 
+def learned_lines(report: dict, window: int = 10) -> list[str]:
+    """What each agent learned, in words: its mean training reward over its first and its last ``window``
+    updates (fewer when it made fewer than twice as many), from the run's report.
+
+    Example:
+        >>> learned_lines({"agents": {"solver": {"mean_reward": [0.1, 0.3, None, 0.5, 0.7]}}}, window=2)
+        ['solver: mean training reward 0.20 over updates 1-2, 0.60 over updates 4-5']
+    """
+    lines = []
+    for agent, a in report["agents"].items():
+        rewards = [(i + 1, r) for i, r in enumerate(a.get("mean_reward", [])) if r is not None]
+        k = min(window, len(rewards) // 2)
+        if k == 0:
+            lines.append(f"{agent}: too few updates with a reward to compare ({len(rewards)})")
+            continue
+        first, last = rewards[:k], rewards[-k:]
+        lines.append(f"{agent}: mean training reward {sum(r for _, r in first) / k:.2f} over updates "
+                     f"{first[0][0]}-{first[-1][0]}, {sum(r for _, r in last) / k:.2f} over updates "
+                     f"{last[0][0]}-{last[-1][0]}")
+    return lines
+
+
 def render_summary(
     run: RunDirectory,
     series: Mapping[str, AgentSeries],

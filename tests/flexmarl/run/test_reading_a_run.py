@@ -35,3 +35,13 @@ def test_reading_a_finished_run_imports_neither_dask_nor_torch(tmp_path: Path) -
     # a new interpreter: this one has imported everything already
     out = subprocess.run([sys.executable, "-c", READ, str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_what_each_agent_learned_compares_its_first_and_last_updates() -> None:
+    from flexmarl.report.summary import learned_lines
+
+    report = {"agents": {"solver": {"mean_reward": [0.1, 0.3, None, 0.5, 0.7]}, "verifier": {"mean_reward": [0.4]}}}
+    assert learned_lines(report, window=2) == [
+        "solver: mean training reward 0.20 over updates 1-2, 0.60 over updates 4-5",
+        "verifier: too few updates with a reward to compare (1)",
+    ]

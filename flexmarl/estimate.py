@@ -42,6 +42,16 @@ COSTS = {
     "tiny-large": TokenCosts(decode_s=4e-4, train_s=2e-4, update_s=1.5, snapshot_s=0.0),
 }
 FORWARD_SHARE = 1 / 3  # of a trained position's cost: the forward pass alone, as the rollout's prefill runs it
+LATER_TURN_SHARE = 0.3
+"""The share of episodes that run a loop's later turns, where an early stop may skip them: the default team's
+verifier rejected 26% of its first answers over 40 steps of `bench learning` (docs/performance.md, "Learning")."""
+
+
+def expected_nodes(cfg: RunConfig, agent: str) -> float:
+    """The agent's nodes an episode runs on average: each node an early stop may skip counts
+    ``LATER_TURN_SHARE``."""
+    skippable = {n for rule in cfg.graph.expanded.stop_rules() for n in rule.skip}
+    return sum(LATER_TURN_SHARE if n in skippable else 1.0 for n in cfg.nodes_of(agent))
 
 
 def agent_tokenizer(cfg: RunConfig, agent: str) -> PreTrainedTokenizerBase:
@@ -87,7 +97,8 @@ def estimate_run_s(cfg: RunConfig) -> float | None:
         new, prompt = spec.sampling.max_new_tokens, prompt_positions(cfg, agent, problems)
         per_sample = new * costs.decode_s + prompt * FORWARD_SHARE * costs.train_s + (prompt + new) * costs.train_s
         snapshots = costs.snapshot_s / cfg.run.snapshot_every if cfg.run.save_state else 0.0
-        total += cfg.samples_per_step(agent) * per_sample + costs.update_s + snapshots
+        samples = cfg.run.queries_per_step * cfg.run.group_size * expected_nodes(cfg, agent)
+        total += samples * per_sample + costs.update_s + snapshots
     return cfg.run.steps * total / max(cfg.cluster.n_workers, 1)
 
 

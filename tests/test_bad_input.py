@@ -324,6 +324,26 @@ def corrupted_delta_log(tmp_path: Path) -> str:
     return f"{bad.table}: {bad.detail}"
 
 
+def not_a_run_dir(tmp_path: Path) -> str:
+    from flexmarl.config import ConfigError
+    from flexmarl.evaluate import plan_evaluation
+
+    return raised(ConfigError, lambda: plan_evaluation(tmp_path, 4))
+
+
+def run_without_checkpoints(tmp_path: Path) -> Path:
+    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(tiny_raw()))
+    return tmp_path / "run"
+
+
+def no_checkpoints(tmp_path: Path) -> str:
+    from flexmarl.config import ConfigError
+    from flexmarl.evaluate import plan_evaluation
+
+    return raised(ConfigError, lambda: plan_evaluation(run_without_checkpoints(tmp_path), 4))
+
+
 def not_a_store(tmp_path: Path) -> str:
     from storage.store import ExperienceStore, StoreError
 
@@ -618,6 +638,9 @@ CASES = [
     Case("corrupted-delta-log", corrupted_delta_log,
          ("samples/verifier: the Delta log fails to load at version 2", "restore that commit file"),
          "tests/storage/test_verify.py::test_a_corrupted_log_names_the_table_and_the_version"),
+    Case("not-a-run-dir", not_a_run_dir, (r"is not a run directory \(no config.yaml\)", "give a directory")),
+    Case("no-checkpoints", no_checkpoints,
+         (r"has no checkpoint of \['solver', 'verifier'\]", "train the run first, or continue it")),
     Case("not-a-store", not_a_store,
          (r"no Delta table 'updates' under .*: is this a FlexMARL store", "Give a run directory"),
          "tests/flows/test_store_cli.py::test_verify_refuses_a_path_that_is_not_a_store"),
@@ -882,6 +905,8 @@ CLI_CASES: dict[str, Callable] = {
     "not a mapping": lambda t, s: ["validate", text_file(t, "- solver\n- verifier\n")],
     "missing config file": lambda t, s: ["validate", str(t / "nope.yaml")],
     "unknown preset": lambda t, s: ["validate", "--preset", "tinny"],
+    "not a run directory": lambda t, s: ["evaluate", str(t)],
+    "a run without checkpoints": lambda t, s: ["evaluate", str(run_without_checkpoints(t))],
     "bad `--set`": lambda t, s: validate_tiny("run.steps"),
     "`--set` value that is not YAML": lambda t, s: validate_tiny("run.steps=["),
     "unknown key": lambda t, s: validate_tiny("run.stepz=3"),

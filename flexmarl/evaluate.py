@@ -365,6 +365,13 @@ def team_figures(runs: Sequence[TeamRun]) -> dict:
             "first_answer": proportion(sum(r.first_answer_correct for r in runs), n), "agents": agents}
 
 
+def judged_again(client, cfg: RunConfig, agent: str, model_dir: Path, runs: Sequence[TeamRun], *,
+                 batch_size: int = 32) -> dict:
+    """``judge_figures`` of ``judge_again`` spread over the cluster's workers."""
+    pairs = spread(client, judge_again, list(runs), cfg, agent, str(model_dir), batch_size=batch_size)
+    return judge_figures([v for v, _ in pairs], [t for _, t in pairs])
+
+
 def judge_agents(cfg: RunConfig) -> list[str]:
     """The agents that judge another node's answer (their reward is in ``JUDGED_CLASS``)."""
     return [a for a, spec in cfg.agents.items() if spec.reward in JUDGED_CLASS]
@@ -380,10 +387,8 @@ def evaluation_report(client, cfg: RunConfig, trained_dirs: Mapping[str, Path], 
     """
     trained = score_team(client, cfg, trained_dirs, problems, batch_size=batch_size)
     base = score_team(client, cfg, base_dirs, problems, batch_size=batch_size)
-    base_judges = {}
-    for agent in judge_agents(cfg):
-        pairs = spread(client, judge_again, trained, cfg, agent, str(base_dirs[agent]), batch_size=batch_size)
-        base_judges[agent] = judge_figures([v for v, _ in pairs], [t for _, t in pairs])
+    base_judges = {a: judged_again(client, cfg, a, base_dirs[a], trained, batch_size=batch_size)
+                   for a in judge_agents(cfg)}
     report = {"n": len(problems), "trained": team_figures(trained), "base": team_figures(base),
               "base_judges": base_judges,
               "model_dirs": {"trained": {a: str(d) for a, d in trained_dirs.items()},

@@ -26,8 +26,8 @@ from pathlib import Path
 from flexmarl.cluster.local import connect, open_cluster
 from flexmarl.config import RunConfig, dump_config, load_config
 from flexmarl.evaluate import (
-    EXPRESSION, TeamRun, held_out_for_run, judge_again, judge_agents, judge_figures, latest_checkpoint, proportion,
-    score_team, spread, team_figures,
+    EXPRESSION, TeamRun, held_out_for_run, judge_agents, judged_again, latest_checkpoint, proportion, score_team,
+    team_figures,
 )
 from flexmarl.models.loading import resolve_model
 from flexmarl.workloads.datasets import DataConfig, Problem, load_problems
@@ -239,8 +239,8 @@ def run_learning_bench(
             trained_dirs = checkpoints(run_dir, list(cfg.agents))
             log(f"trained in {timings['train']:.0f} s; scoring the trained team")
             trained = timed("trained_eval", score_team, client, cfg, trained_dirs, problems, batch_size=batch)
-            judges = {a: timed(f"base_{a}_on_trained", _judge, client, cfg, a, base_dirs[a], trained, batch)
-                      for a in judge_agents(cfg)}
+            judges = {a: timed(f"base_{a}_on_trained", judged_again, client, cfg, a, base_dirs[a], trained,
+                               batch_size=batch) for a in judge_agents(cfg)}
             report.update(team_report(base, trained, judges, problems))
             report["train_reward_by_step"] = {a: r["mean_reward"] for a, r in train_report["agents"].items()}
             report["samples"] = {"team": samples_generated(train_report)}
@@ -276,11 +276,6 @@ def run_learning_bench(
 
     draw_learning(report, out_dir / "learning.png")
     return report
-
-
-def _judge(client, cfg: RunConfig, agent: str, model_dir: Path, runs: list[TeamRun], batch: int) -> dict:
-    pairs = spread(client, judge_again, runs, cfg, agent, str(model_dir), batch_size=batch)
-    return judge_figures([v for v, _ in pairs], [t for _, t in pairs])
 
 
 def team_report(base: list[TeamRun], trained: list[TeamRun], base_judges: dict[str, dict],

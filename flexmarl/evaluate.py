@@ -26,7 +26,7 @@ from flexmarl.rollout.backend import GenerationRequest
 from flexmarl.rollout.episodes import Episode, EpisodeGraph, render_prompt, request_seed
 from flexmarl.rollout.hf_backend import HFBackend
 from flexmarl.rollout.scoring import reward_inputs
-from flexmarl.run.layout import CONFIG_FILE
+from flexmarl.run.layout import CHECKPOINTS_DIR, CONFIG_FILE
 from flexmarl.workloads.datasets import DataConfig, Problem, load_problems, problem_stream
 from flexmarl.workloads.registry import JUDGED_CLASS, PARSERS, REWARDS
 from flexmarl.workloads.rewards import RewardInput
@@ -112,7 +112,7 @@ def held_out_for_run(cfg: RunConfig, n: int, *, path: Path | None = None) -> lis
 
 def latest_checkpoint(run_dir: Path, agent: str) -> Path | None:
     """The agent's newest ``RUN_DIR/checkpoints/<agent>/v<N>``, or None when it has none."""
-    versions = sorted((run_dir / "checkpoints" / agent).glob("v*"), key=lambda p: int(p.name[1:]))
+    versions = sorted((run_dir / CHECKPOINTS_DIR / agent).glob("v*"), key=lambda p: int(p.name[1:]))
     return versions[-1] if versions else None
 
 

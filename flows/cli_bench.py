@@ -260,7 +260,7 @@ def learning(
     """
     from flexmarl.bench.learning_bench import GSM8K_DIR, GSM8K_N, N_EVAL, plan_learning, run_learning_bench
     from flexmarl.config import ConfigError
-    from flows.evaluate import number
+    from flows.evaluate import number, share
     from flows.prefect_server import PrefectAPIError, prefect_api
 
     try:
@@ -277,10 +277,6 @@ def learning(
     except PrefectAPIError as exc:
         fail(str(exc))
 
-    def share(key: str) -> str:
-        p = report[key]
-        return f"{p['accuracy']:.3f} [{p['interval'][0]:.3f}, {p['interval'][1]:.3f}]"
-
     table = Table(title=f"{report['n_eval']} held-out problems, greedy, after {report['steps']} steps "
                         f"({report['wall_s']:.0f} s)")
     table.add_column("")
@@ -290,7 +286,7 @@ def learning(
                       ("single solver, equal compute", "single_equal_compute_accuracy"),
                       (f"its majority of {report.get('majority_k')}", "majority_vote_accuracy")):
         if key in report:
-            table.add_row(name, share(key))
+            table.add_row(name, share(report[key]))
     console.print(table)
     verifier = report["verifier"]
     if verifier:

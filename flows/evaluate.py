@@ -64,12 +64,14 @@ def number(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def share(p: dict) -> str:
+    """A ``proportion`` as text: its accuracy and 95% interval."""
+    lo, hi = p["interval"]
+    return f"{p['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def evaluation_rows(report: dict) -> list[dict]:
     """The report as table rows: the team, then each agent, base beside trained."""
-    def share(p: dict) -> str:
-        lo, hi = p["interval"]
-        return f"{p['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"
-
     rows = [{"what": "team answer", "base": share(report["base"]["team"]), "trained": share(report["trained"]["team"])},
             {"what": "first answer (answer node alone)", "base": share(report["base"]["first_answer"]),
              "trained": share(report["trained"]["first_answer"])}]

@@ -84,8 +84,7 @@ def single_config(team: RunConfig, queries_per_step: int) -> RunConfig:
     """The team's answer agent alone, with its first turn's prompt, trained on the same data for as many updates,
     with ``queries_per_step`` chosen to match the team's samples."""
     data = team.model_dump(mode="json")
-    node = team.graph.answer_node()
-    agent = next(n.agent for n in team.graph.nodes if n.name == node)
+    node, agent = team.graph.answer_node(), team.graph.answer_agent()
     spec = data["agents"][agent]
     spec["prompt"] = without_fields(spec["prompt"], problem_fields(team))
     data["agents"] = {agent: spec}
@@ -163,9 +162,7 @@ TrainFn = Callable[[Path, Path, str], dict]
 def with_answer_budget(cfg: RunConfig, max_new_tokens: int) -> RunConfig:
     """The config with the answer agent's ``max_new_tokens`` changed (GSM8K answers need more room)."""
     data = cfg.model_dump(mode="json")
-    node = cfg.graph.answer_node()
-    agent = next(n.agent for n in cfg.graph.nodes if n.name == node)
-    data["agents"][agent]["sampling"]["max_new_tokens"] = max_new_tokens
+    data["agents"][cfg.graph.answer_agent()]["sampling"]["max_new_tokens"] = max_new_tokens
     return RunConfig.model_validate(data)
 
 
@@ -247,7 +244,7 @@ def run_learning_bench(
             report["steps"] = min(a["policy_version"] for a in train_report["agents"].values())
             if plan.single:
                 report.update(timed("single", single_baseline, client, address, plan, out_dir, train,
-                                    train_report, figures_solver_calls(report), log))
+                                    train_report, answer_agent_calls(cfg, report), log))
                 team, single = report["team_accuracy"], report["single_equal_compute_accuracy"]
                 report["team_minus_single"] = team["accuracy"] - single["accuracy"]
                 report["team_and_single_intervals_apart"] = team["interval"][0] > single["interval"][1]
@@ -299,10 +296,9 @@ def team_report(base: list[TeamRun], trained: list[TeamRun], base_judges: dict[s
     }
 
 
-def figures_solver_calls(report: dict) -> float:
+def answer_agent_calls(cfg: RunConfig, report: dict) -> float:
     """The trained team's answer-agent calls per held-out problem."""
-    agents = report["team"]["trained"]["agents"]
-    return max(a["calls_per_problem"] for a in agents.values())
+    return report["team"]["trained"]["agents"][cfg.graph.answer_agent()]["calls_per_problem"]
 
 
 def single_baseline(client, address: str, plan: LearningPlan, out_dir: Path, train: TrainFn, team_report_: dict,
@@ -320,8 +316,7 @@ def single_baseline(client, address: str, plan: LearningPlan, out_dir: Path, tra
     dirs = checkpoints(out_dir / "single_run", list(single.agents))
     greedy = score_team(client, single, dirs, plan.eval_problems, batch_size=plan.eval_batch_size)
     k = max(1, math.ceil(solver_calls))
-    agent = next(iter(single.agents))
-    temperature = single.agents[agent].sampling.temperature
+    temperature = single.agents[single.graph.answer_agent()].sampling.temperature
     sampled = [score_team(client, single, dirs, plan.eval_problems, batch_size=plan.eval_batch_size,
                           temperature=temperature, trajectory=j) for j in range(k)]
     votes = majority_vote(sampled)

@@ -208,6 +208,10 @@ class GraphSpec(Strict):
         """The declared node whose latest instance gives the team's answer (``answer``)."""
         return self.answer or self.nodes[-1].name
 
+    def answer_agent(self) -> str:
+        """The agent of ``answer_node``."""
+        return next(n.agent for n in self.nodes if n.name == self.answer_node())
+
     def parents(self, node: str) -> list[str]:
         """The declared parents of a declared node."""
         return [p for p, c in self.edges if c == node]

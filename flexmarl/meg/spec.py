@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import string
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -65,6 +66,24 @@ def check_template(template: str, field: str) -> None:
             )
 
 
+def checked_prompt(prompt: str | None) -> str | None:
+    if prompt is not None:
+        check_template(prompt, "prompt")  # the system message is sent as written, never formatted
+    return prompt
+
+
+def checked_parser(parser: str | None) -> str | None:
+    if parser is not None and parser not in PARSERS:
+        raise ValueError(unregistered("parser", parser, PARSERS))
+    return parser
+
+
+def checked_reward(reward: str | None) -> str | None:
+    if reward is not None and reward not in REWARDS:
+        raise ValueError(unregistered("reward", reward, REWARDS))
+    return reward
+
+
 class SamplingConfig(Strict):
     max_new_tokens: int = Field(64, ge=1, le=8192)
     """Longest response, in tokens."""
@@ -104,25 +123,17 @@ class AgentSpec(Strict):
     @field_validator("prompt")
     @classmethod
     def _template_parses(cls, prompt: str) -> str:
-        check_template(prompt, "prompt")  # the system message is sent as written, never formatted
-        return prompt
+        return checked_prompt(prompt)
 
     @field_validator("parser")
     @classmethod
     def _parser_registered(cls, parser: str) -> str:
-        if parser not in PARSERS:
-            raise ValueError(unregistered("parser", parser, PARSERS))
-        return parser
+        return checked_parser(parser)
 
     @field_validator("reward")
     @classmethod
     def _reward_registered(cls, reward: str) -> str:
-        if reward not in REWARDS:
-            raise ValueError(unregistered("reward", reward, REWARDS))
-        return reward
-
-    def template_fields(self) -> set[str]:
-        return {f for _, f, _, _ in string.Formatter().parse(self.prompt) if f}
+        return checked_reward(reward)
 
 
 class NodeSpec(Strict):
@@ -134,6 +145,45 @@ class NodeSpec(Strict):
     """Fan-out: ``copies: k`` (k > 1) runs k instances ``name_0 .. name_{k-1}`` of the node, each sampled
     independently. A child reads all k responses as ``{name}`` (numbered ``Answer 1: ...``) or copy i alone
     as ``{name_i}``."""
+    prompt: str | None = None
+    """This node's own prompt template; null: the agent's. An agent that plays two parts in an episode (a
+    verifier that first works the problem out, then judges an answer) has one node per part."""
+    system: str | None = None
+    """This node's own system message; null: the agent's."""
+    parser: str | None = None
+    """This node's own registered parser; null: the agent's."""
+    reward: str | None = None
+    """This node's own registered reward; null: the agent's. Each node's samples form their own GRPO groups."""
+
+    @field_validator("prompt")
+    @classmethod
+    def _template_parses(cls, prompt: str | None) -> str | None:
+        return checked_prompt(prompt)
+
+    @field_validator("parser")
+    @classmethod
+    def _parser_registered(cls, parser: str | None) -> str | None:
+        return checked_parser(parser)
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_registered(cls, reward: str | None) -> str | None:
+        return checked_reward(reward)
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one node asks of its agent: its prompt template, system message, parser and reward (the node's own
+    where it sets them, else the agent's)."""
+
+    agent: str
+    prompt: str
+    system: str | None
+    parser: str
+    reward: str
+
+    def template_fields(self) -> set[str]:
+        return {f for _, f, _, _ in string.Formatter().parse(self.prompt) if f}
 
 
 class StopWhen(Strict):
@@ -255,11 +305,13 @@ class MEGSpec(Strict):
         A parent with ``copies: k`` provides ``{parent}`` and ``{parent_0} .. {parent_<k-1>}``. Also checks
         that each agent's reward finds the problem fields it reads.
         """
-        for name, agent in self.agents.items():
-            needed = sorted(REWARD_PROBLEM_FIELDS.get(agent.reward, set()) - problem_fields)
+        for node in self.graph.nodes:
+            role = self.declared_role(node.name)
+            needed = sorted(REWARD_PROBLEM_FIELDS.get(role.reward, set()) - problem_fields)
             if needed:
+                where = f"graph node {node.name!r}" if node.reward else f"agents.{node.agent}"
                 raise ValueError(
-                    f"agents.{name}.reward: {agent.reward!r} reads problem field(s) {needed}, which this data does "
+                    f"{where}.reward: {role.reward!r} reads problem field(s) {needed}, which this data does "
                     f"not provide (it has {sorted(problem_fields)}); use data.dataset: humaneval, or another reward"
                 )
         copies = {n.name: n.copies for n in self.graph.nodes}
@@ -273,14 +325,26 @@ class MEGSpec(Strict):
                     f"the parent node (problem fields: {sorted(problem_fields)})"
                 )
             available = problem_fields | provided
-            missing = sorted(self.agents[node.agent].template_fields() - available)
+            missing = sorted(self.declared_role(node.name).template_fields() - available)
             if missing:
                 hint = did_you_mean(missing[0], sorted(available)) if len(missing) == 1 else ""
+                prompt = f"node {node.name}'s prompt" if node.prompt else f"agents.{node.agent}.prompt"
                 raise ValueError(
                     f"node {node.name!r} (agent {node.agent!r}): prompt field(s) {missing} are provided by "
                     f"neither the problem nor a parent node{hint}; available: {sorted(available)}; fix "
-                    f"agents.{node.agent}.prompt, or add an edge [<parent>, {node.name}] to graph.edges"
+                    f"{prompt}, or add an edge [<parent>, {node.name}] to graph.edges"
                 )
+
+    def declared_role(self, name: str) -> Role:
+        """The role of the declared node ``name``: its own prompt, system, parser and reward, else its agent's."""
+        node = next(n for n in self.graph.nodes if n.name == name)
+        agent = self.agents[node.agent]
+        return Role(node.agent, node.prompt or agent.prompt, node.system if node.system is not None else agent.system,
+                    node.parser or agent.parser, node.reward or agent.reward)
+
+    def role(self, node: str) -> Role:
+        """The role of an expanded node (a copy or a loop turn plays its declared node's role)."""
+        return self.declared_role(self.graph.expanded.node(node).source)
 
     def nodes_of(self, agent: str) -> list[str]:
         """The expanded nodes that invoke ``agent`` (an early stop may skip some in an episode)."""

@@ -83,10 +83,10 @@ class EpisodeGraph:
         return sample_id(ep.problem.input_id, self.turn[node], ep.trajectory_id)
 
     def prompt(self, ep: Episode, node: str) -> list[int]:
-        agent = self.spec.agents[self.agent_of[node]]
+        role = self.spec.role(node)
         fields = dict(ep.problem.fields)
         fields.update(self.graph.render_fields(node, {n: out.text for n, out in ep.outputs.items()}))
-        return render_prompt(self.tokenizers[self.agent_of[node]], agent.prompt, agent.system, fields)
+        return render_prompt(self.tokenizers[role.agent], role.prompt, role.system, fields)
 
     def record(self, ep: Episode, node: str, prompt_ids: list[int], result: GenerationResult) -> list[str]:
         """Store the node's output in the episode; return the nodes that are now ready.
@@ -103,7 +103,7 @@ class EpisodeGraph:
             prompt_ids=prompt_ids,
             result=result,
             text=text,
-            parsed=PARSERS[self.spec.agents[agent].parser](text),
+            parsed=PARSERS[self.spec.role(node).parser](text),
             # skipped turns have no sample to point at
             parent_ids=[ep.outputs[p].sample_id for p in self.graph.parents(node) if p in ep.outputs],
         )

@@ -39,7 +39,7 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
         rewards: dict[str, float] = {}
         for node, x in reward_inputs(ep, spec).items():
             out = ep.outputs[node]
-            reward_name = spec.agents[out.agent].reward
+            reward_name = spec.role(node).reward
             try:
                 rewards[node] = float(REWARDS[reward_name](x))
                 if reward_name in BALANCED_BY_CLASS | MIXED_ONLY:
@@ -59,7 +59,7 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
             for node, out in ep.outputs.items():
                 groups[(ep.problem.input_id, node)].append(out)
     for outs in groups.values():
-        reward_name = spec.agents[outs[0].agent].reward
+        reward_name = spec.role(outs[0].node).reward
         if reward_name in BALANCED_BY_CLASS:
             for out, r in zip(outs, class_balanced([o.reward for o in outs], [classes[id(o)] for o in outs]),
                               strict=True):

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from peft import PeftConfig, PeftModel
@@ -137,5 +137,7 @@ def _write(run: RunDirectory, agent: str, version: int, source: Path, out: Path,
         "parser": spec.parser,
         "reward": spec.reward,
         "sampling": spec.sampling.model_dump(),
+        # the parts the agent plays in the graph, where a node sets its own prompt, parser or reward
+        "nodes": {n.name: asdict(run.config.declared_role(n.name)) for n in run.config.graph.nodes if n.agent == agent},
     }
     (out / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2))

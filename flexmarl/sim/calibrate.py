@@ -165,10 +165,10 @@ def prompt_tokens_of(workload: str = "fan_out") -> dict[str, int]:
         agent = graph.node(node).agent
         if agent in out:
             continue
-        spec = cfg.agents[agent]
-        tok = load_tokenizer(resolve_model(spec.model, seed=cfg.run.seed))
+        role = cfg.role(node)
+        tok = load_tokenizer(resolve_model(cfg.agents[agent].model, seed=cfg.run.seed))
         fields = {**problem.fields, **graph.render_fields(node, {})}
-        out[agent] = len(render_prompt(tok, spec.prompt, spec.system, fields))
+        out[agent] = len(render_prompt(tok, role.prompt, role.system, fields))
     return out
 
 

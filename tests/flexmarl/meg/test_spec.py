@@ -118,3 +118,23 @@ def test_the_answer_node_must_be_a_node_and_defaults_to_the_last() -> None:
     assert load_config(preset="fan_out").graph.answer_node() == load_config(preset="fan_out").graph.nodes[-1].name
     with pytest.raises(ConfigError, match="graph.answer names unknown node 'solvr'.*did you mean 'solver'"):
         load_config(preset="default", overrides=["graph.answer=solvr"])
+
+
+CHECK = ["graph.nodes=[{name: solver, agent: solver}, {name: verifier, agent: verifier}, "
+         "{name: check, agent: verifier, prompt: 'Compute: {question}', parser: last_number, reward: correct_answer}]",
+         "graph.edges=[[solver, verifier], [check, verifier]]", "agents.verifier.training={micro_batch_size: 16}"]
+
+
+def test_a_node_plays_its_own_role_where_it_sets_one() -> None:
+    cfg = load_config(preset="tiny", overrides=CHECK)
+    check, verdict = cfg.role("check"), cfg.role("verifier")
+    assert (check.agent, check.prompt, check.parser, check.reward) == (
+        "verifier", "Compute: {question}", "last_number", "correct_answer")
+    spec = cfg.agents["verifier"]
+    assert (verdict.prompt, verdict.parser, verdict.reward) == (spec.prompt, spec.parser, spec.reward)
+    with pytest.raises(ConfigError, match="unknown parser 'last_numbr'.*did you mean 'last_number'"):
+        load_config(preset="tiny", overrides=[CHECK[0].replace("parser: last_number", "parser: last_numbr"),
+                                              *CHECK[1:]])
+    # the node's own prompt is checked against its parents, and the error names where to fix it
+    with pytest.raises(ConfigError, match=r"node 'check'.*\['solver'\].*fix node check's prompt"):
+        load_config(preset="tiny", overrides=[CHECK[0].replace("Compute: {question}", "{solver}"), *CHECK[1:]])

@@ -107,3 +107,25 @@ def test_ten_copy_tasks_serve_each_digit_once_per_step() -> None:
     stream = ProblemStream(problems, seed=0)
     for step in range(3):
         assert sorted(t.answer for t in stream.batch(step, 10)) == list("0123456789")
+
+
+def test_each_node_is_rewarded_and_grouped_by_its_own_role() -> None:
+    # the verifier first works the sum out alone (check: rewarded as an answer), then judges (its agent's reward)
+    spec = MEGSpec.model_validate({**MIXED.model_dump(), "graph": {
+        "nodes": [{"name": "solver", "agent": "solver"}, {"name": "verifier", "agent": "verifier"},
+                  {"name": "check", "agent": "verifier", "prompt": "{question}", "parser": "last_number",
+                   "reward": "correct_answer"}],
+        "edges": [["solver", "verifier"], ["check", "verifier"]]}})
+    episodes = []
+    for j, (answer, own, verdict) in enumerate([("2", "2", "correct"), ("3", "2", "incorrect"),
+                                                ("2", "5", "incorrect"), ("4", "4", "correct")]):
+        ep = _episode(j, answer, verdict)
+        result = GenerationResult(f"c{j}", [2], [0.0], "length", 0)
+        ep.outputs["check"] = NodeOutput("check", "verifier", 2, f"c{j}", [1], result, own, own, [])
+        episodes.append(ep)
+    score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    assert [ep.outputs["check"].reward for ep in episodes] == [1.0, 1.0, 0.0, 0.0]
+    assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 1.0, 0.0, 0.0]
+    # the check's group is its own: its advantages centre on the check's rewards alone
+    assert sum(ep.outputs["check"].advantage for ep in episodes) == pytest.approx(0.0)
+    assert episodes[0].outputs["check"].advantage > 0 > episodes[2].outputs["check"].advantage

@@ -127,7 +127,7 @@ def answer_node(
     same answers.
 
     Args:
-        cfg: the run's config (the node's agent gives prompt, parser, reward and ``max_new_tokens``).
+        cfg: the run's config (the node's role gives prompt, parser and reward; its agent ``max_new_tokens``).
         node: an expanded node of the graph (e.g. ``solver`` or ``verifier``).
         model_dir: a Hugging Face model directory (a base model or a checkpoint).
         problems: the problems to answer.
@@ -139,8 +139,8 @@ def answer_node(
         ValueError: a node that reads parents without ``parents``, or a length mismatch.
     """
     graph = cfg.graph.expanded
-    agent = graph.node(node).agent
-    spec = cfg.agents[agent]
+    role = cfg.role(node)
+    max_new_tokens = cfg.agents[role.agent].sampling.max_new_tokens
     parent_nodes = list(graph.parents(node))
     if parent_nodes and parents is None:
         raise ValueError(f"node {node!r} reads {parent_nodes}; pass their answers as parents=")
@@ -155,17 +155,17 @@ def answer_node(
         requests = [
             GenerationRequest(
                 t.input_id,
-                render_prompt(tok, spec.prompt, spec.system,
+                render_prompt(tok, role.prompt, role.system,
                               {**t.fields, **graph.render_fields(node, {p: a.response for p, a in got.items()})}),
-                spec.sampling.max_new_tokens, temperature, seed=i,
+                max_new_tokens, temperature, seed=i,
             )
             for i, (t, got) in enumerate(zip(chunk, inputs, strict=True), start=start)
         ]
         for problem, got, result in zip(chunk, inputs, backend.generate(requests), strict=True):
             text = tok.decode(result.response_ids, skip_special_tokens=True)
-            parsed = PARSERS[spec.parser](text)
+            parsed = PARSERS[role.parser](text)
             outputs = {**{p: a.parsed for p, a in got.items()}, node: parsed}
-            reward = REWARDS[spec.reward](RewardInput(node, parsed, problem, outputs, parent_nodes, (node,), text))
+            reward = REWARDS[role.reward](RewardInput(node, parsed, problem, outputs, parent_nodes, (node,), text))
             answers.append(Answer(problem.input_id, text, parsed, reward))
     return answers
 
@@ -196,7 +196,7 @@ def proportion(successes: int, n: int) -> dict:
 
 @dataclass(frozen=True)
 class NodeRun:
-    """One node of a team's episode: what it said, what its parser read, its reward, and for a judge (an agent
+    """One node of a team's episode: what it said, what its parser read, its reward, and for a judge (a node
     whose reward is in ``JUDGED_CLASS``) whether the answer it judged was right."""
 
     node: str
@@ -265,7 +265,7 @@ def team_run(ep: Episode, cfg: RunConfig) -> TeamRun:
     nodes = []
     for node, x in reward_inputs(ep, cfg).items():
         out = ep.outputs[node]
-        reward_name = cfg.agents[out.agent].reward
+        reward_name = cfg.role(node).reward
         try:
             reward = float(REWARDS[reward_name](x))
             judged = JUDGED_CLASS[reward_name](x) if reward_name in JUDGED_CLASS else None
@@ -303,18 +303,26 @@ def score_team(client, cfg: RunConfig, model_dirs: Mapping[str, str | Path], pro
 def judge_again(cfg: RunConfig, agent: str, model_dir: str | Path, runs: Sequence[TeamRun], *,
                 batch_size: int = 32) -> list[tuple[str | None, bool]]:
     """``agent``'s verdicts, with the weights in ``model_dir``, on the very answers its nodes judged in ``runs``
-    (e.g. the base verifier on the trained solver's answers): one (verdict, judged answer right) per judgment."""
+    (e.g. the base verifier on the trained solver's answers): one (verdict, judged answer right) per judgment.
+
+    The agent's other nodes that ran are generated again too, in graph order, so a judge that first works the
+    problem out reads its own working; the other agents' answers are the ones in ``runs``."""
     out: list[tuple[str | None, bool]] = []
-    for node in cfg.nodes_of(agent):
-        judged = [(run, {x.node: x for x in run.nodes}) for run in runs]
-        judged = [(run, by) for run, by in judged if node in by and by[node].judged_right is not None]
-        if not judged:
+    order = cfg.graph.expanded.order()
+    by_run = [{x.node: Answer(run.problem.input_id, x.response, x.parsed, x.reward) for x in run.nodes}
+              for run in runs]
+    truths = [{x.node: x.judged_right for x in run.nodes} for run in runs]
+    for node in sorted(cfg.nodes_of(agent), key=order.index):
+        ran = [i for i, by in enumerate(by_run) if node in by]
+        if not ran:
             continue
-        parents = [{p: Answer(run.problem.input_id, by[p].response, by[p].parsed, by[p].reward)
-                    for p in cfg.graph.expanded.parents(node) if p in by} for run, by in judged]
-        answers = answer_node(cfg, node, model_dir, [run.problem for run, _ in judged], parents=parents,
+        parents = [{p: by_run[i][p] for p in cfg.graph.expanded.parents(node) if p in by_run[i]} for i in ran]
+        answers = answer_node(cfg, node, model_dir, [runs[i].problem for i in ran], parents=parents,
                               batch_size=batch_size)
-        out += [(a.parsed, bool(by[node].judged_right)) for a, (_, by) in zip(answers, judged, strict=True)]
+        for i, answer in zip(ran, answers, strict=True):
+            by_run[i][node] = answer  # this agent's later nodes read it
+            if truths[i][node] is not None:
+                out.append((answer.parsed, bool(truths[i][node])))
     return out
 
 
@@ -373,8 +381,8 @@ def judged_again(client, cfg: RunConfig, agent: str, model_dir: Path, runs: Sequ
 
 
 def judge_agents(cfg: RunConfig) -> list[str]:
-    """The agents that judge another node's answer (their reward is in ``JUDGED_CLASS``)."""
-    return [a for a, spec in cfg.agents.items() if spec.reward in JUDGED_CLASS]
+    """The agents that judge another node's answer (a node of theirs has a reward in ``JUDGED_CLASS``)."""
+    return [a for a in cfg.agents if any(cfg.role(n).reward in JUDGED_CLASS for n in cfg.nodes_of(a))]
 
 
 def evaluation_report(client, cfg: RunConfig, trained_dirs: Mapping[str, Path], base_dirs: Mapping[str, Path],

@@ -1,17 +1,15 @@
 """How long a run will take, said before it starts: the config's token counts priced at measured costs.
 
-The costs are seconds per sample-token on one worker of this project's 2-core machine (one torch thread per
-worker), from measurements there: SmolLM2-135M generates 16 x 64 tokens in about 15 s and trains on 16 x 128
-tokens in about 40 s (27% less since only response positions reach the vocabulary projection), an update
-(optimizer step, weight sync) costs seconds and so does each state written (1.7 GB every
-``run.snapshot_every`` updates: a host copy of about 2 s on the worker, the write itself in the background).
-Prompt tokens count as the rollout's prefill and the trainer run them: a micro-batch's shared head and a group's
-repeated prompt once (``prompt_positions``, after ``models/prefix.py``); a prefill position costs a forward pass,
-about a third of a trained one. With answers of a few tokens, as in the default preset, prompts are most of the
-work. The tiny models cost little but the pipeline's per-step overhead. Other models have no price, and get no
-estimate. It is a rough guide for an idle machine (a loaded one is slower: the copy preset, estimated at 3
-minutes, took 10 on a machine running two other trainings); the run's own progress lines give the measured pace
-once an update is done.
+The costs are seconds on one worker of this project's 2-core machine (one torch thread per worker), fitted to the
+busy seconds of `make run` on an idle machine (docs/performance.md, "The run estimate"): a generated token, a
+prompt position of the rollout's prefill, a trained sample and each of its positions, the weight sync of an update
+and each state written (1.7 GB every ``run.snapshot_every`` updates). Prompts count their positions as
+``models/prefix.py`` runs them: a micro-batch's shared head and a group's repeated prompt once
+(``prompt_positions``). With dynamic sampling, only the samples of groups with a learning signal are trained:
+``TRAINED_SHARE`` of them. The tiny models cost little but the pipeline's per-step overhead. Other models have
+no price, and get no estimate. It is a rough guide for an idle machine (a loaded one is slower: the copy preset,
+estimated at 3 minutes, took 10 on a machine running two other trainings); the run's own progress lines give the
+measured pace once an update is done.
 """
 
 from __future__ import annotations
@@ -31,27 +29,36 @@ from flexmarl.workloads.datasets import Problem, load_problems
 @dataclass(frozen=True)
 class TokenCosts:
     decode_s: float  # one generated token of one sample, in a batch
-    train_s: float  # one token (prompt or response) of one sample through forward and backward
-    update_s: float  # per optimizer step: the step and the weight sync
+    prefill_s: float  # one prompt position of the rollout's prefill
+    train_s: float  # one position (prompt or response) of a trained sample, forward and backward
+    sample_s: float  # per trained sample, beside its positions (the micro-batch's fixed work, shared out)
+    update_s: float  # per optimizer step: the weight sync to the rollout replicas
     snapshot_s: float  # per training state written (run.snapshot_every)
 
 
+# SmolLM2: fitted to `make run` of the solver-verifier team (24 steps, idle): rollout 0.196 s per solver sample
+# (11 tokens, 4 prompt positions) and 0.284 s per verifier sample (16 tokens, 86), training 0.46 and 0.74 s per
+# trained sample (16 and 102 positions), sync 0.5 s per update, a state's host copy 1.3 s.
 COSTS = {
-    "smollm2-135m-instruct": TokenCosts(decode_s=0.015, train_s=0.012, update_s=5.0, snapshot_s=2.0),
-    "tiny": TokenCosts(decode_s=2e-4, train_s=5e-5, update_s=1.5, snapshot_s=0.0),
-    "tiny-large": TokenCosts(decode_s=4e-4, train_s=2e-4, update_s=1.5, snapshot_s=0.0),
+    "smollm2-135m-instruct": TokenCosts(decode_s=0.0162, prefill_s=2.8e-4, train_s=3.3e-3, sample_s=0.41,
+                                        update_s=0.5, snapshot_s=1.3),
+    "tiny": TokenCosts(decode_s=2e-4, prefill_s=1.7e-5, train_s=5e-5, sample_s=0.0, update_s=1.5, snapshot_s=0.0),
+    "tiny-large": TokenCosts(decode_s=4e-4, prefill_s=7e-5, train_s=2e-4, sample_s=0.0, update_s=1.5,
+                             snapshot_s=0.0),
 }
-FORWARD_SHARE = 1 / 3  # of a trained position's cost: the forward pass alone, as the rollout's prefill runs it
+TRAINED_SHARE = 0.45
+"""With ``training.dynamic_sampling``, the share of samples in groups with a learning signal, the ones trained:
+49% of the solver's and 41% of the verifier's in that `make run`."""
 LATER_TURN_SHARE = 0.3
 """The share of episodes that run a loop's later turns, where an early stop may skip them: the default team's
 verifier rejected 26% of its first answers over 40 steps of `bench learning` (docs/performance.md, "Learning")."""
 
 
-def expected_nodes(cfg: RunConfig, agent: str) -> float:
-    """The agent's nodes an episode runs on average: each node an early stop may skip counts
-    ``LATER_TURN_SHARE``."""
+def expected_runs(cfg: RunConfig, node: str) -> float:
+    """How many instances of the declared ``node`` an episode runs on average: each instance an early stop may
+    skip counts ``LATER_TURN_SHARE``."""
     skippable = {n for rule in cfg.graph.expanded.stop_rules() for n in rule.skip}
-    return sum(LATER_TURN_SHARE if n in skippable else 1.0 for n in cfg.nodes_of(agent))
+    return sum(LATER_TURN_SHARE if n in skippable else 1.0 for n in cfg.graph.expanded.instances(node))
 
 
 def agent_tokenizer(cfg: RunConfig, agent: str) -> PreTrainedTokenizerBase:
@@ -59,46 +66,51 @@ def agent_tokenizer(cfg: RunConfig, agent: str) -> PreTrainedTokenizerBase:
     return load_tokenizer(Path(resolve_model(cfg.agents[agent].model, seed=cfg.run.seed)))
 
 
-def typical_prompt(cfg: RunConfig, agent: str, problem: Problem, tok: PreTrainedTokenizerBase, filler: str = "x"
+def typical_prompt(cfg: RunConfig, node: str, problem: Problem, tok: PreTrainedTokenizerBase, filler: str = "x"
                    ) -> list[int]:
-    """The token ids of a prompt of ``agent``: its template on ``problem``, each parent's output a full
-    ``max_new_tokens`` of ``filler`` words."""
-    spec = cfg.agents[agent]
+    """The token ids of a prompt of the declared ``node``: its template on ``problem``, each parent's output a
+    full ``max_new_tokens`` of ``filler`` words."""
     graph = cfg.graph.expanded
-    node = next(n for n in cfg.nodes_of(agent))
-    parents = {p: f"{filler} " * cfg.agents[graph.node(p).agent].sampling.max_new_tokens for p in graph.parents(node)}
-    return render_prompt(tok, spec.prompt, spec.system, {**problem.fields, **graph.render_fields(node, parents)})
+    role, first = cfg.declared_role(node), graph.instances(node)[0]
+    parents = {p: f"{filler} " * cfg.agents[graph.node(p).agent].sampling.max_new_tokens for p in graph.parents(first)}
+    return render_prompt(tok, role.prompt, role.system, {**problem.fields, **graph.render_fields(first, parents)})
 
 
-def prompt_tokens(cfg: RunConfig, agent: str, problem: Problem) -> int:
-    """Tokens of a typical prompt of ``agent`` (``typical_prompt``)."""
-    return len(typical_prompt(cfg, agent, problem, agent_tokenizer(cfg, agent)))
+def prompt_tokens(cfg: RunConfig, node: str, problem: Problem) -> int:
+    """Tokens of a typical prompt of the declared ``node`` (``typical_prompt``)."""
+    return len(typical_prompt(cfg, node, problem, agent_tokenizer(cfg, cfg.declared_role(node).agent)))
 
 
-def prompt_positions(cfg: RunConfig, agent: str, problems: list[Problem]) -> float:
-    """Prompt positions one sample of ``agent`` costs when a micro-batch's prompts run through
+def prompt_positions(cfg: RunConfig, node: str, problems: list[Problem]) -> float:
+    """Prompt positions one sample of the declared ``node`` costs when a micro-batch's prompts run through
     ``prefix.prefill``: their common head once, each distinct prompt's rest once. A group shares its problem;
     a node with parents quotes their answers, so its prompts differ (filler answers of ``max_new_tokens``
     stand in, a different filler per sample)."""
+    agent = cfg.declared_role(node).agent
     tok, micro = agent_tokenizer(cfg, agent), cfg.trainer_config(agent).micro_batch_size
-    prompts = [typical_prompt(cfg, agent, problems[(i // cfg.run.group_size) % len(problems)], tok, filler=str(i))
+    prompts = [typical_prompt(cfg, node, problems[(i // cfg.run.group_size) % len(problems)], tok, filler=str(i))
                for i in range(micro)]
     return prefill_positions(prompts) / len(prompts)
 
 
 def estimate_run_s(cfg: RunConfig) -> float | None:
     """Seconds the run's steps should take on an otherwise idle 2-core machine; None for an unpriced model."""
+    if any(spec.model not in COSTS for spec in cfg.agents.values()):
+        return None
     total = 0.0
     problems = load_problems(cfg.data)[:8]  # generated once: a reasoning-gym dataset costs seconds
-    for agent, spec in cfg.agents.items():
-        costs = COSTS.get(spec.model)
-        if costs is None:
-            return None
-        new, prompt = spec.sampling.max_new_tokens, prompt_positions(cfg, agent, problems)
-        per_sample = new * costs.decode_s + prompt * FORWARD_SHARE * costs.train_s + (prompt + new) * costs.train_s
-        snapshots = costs.snapshot_s / cfg.run.snapshot_every if cfg.run.save_state else 0.0
-        samples = cfg.run.queries_per_step * cfg.run.group_size * expected_nodes(cfg, agent)
-        total += samples * per_sample + costs.update_s + snapshots
+    episodes = cfg.run.queries_per_step * cfg.run.group_size
+    for node in cfg.graph.nodes:
+        spec = cfg.agents[node.agent]
+        costs = COSTS[spec.model]
+        new, prompt = spec.sampling.max_new_tokens, prompt_positions(cfg, node.name, problems)
+        trained = TRAINED_SHARE if cfg.trainer_config(node.agent).dynamic_sampling else 1.0
+        per_sample = (new * costs.decode_s + prompt * costs.prefill_s
+                      + trained * (costs.sample_s + (prompt + new) * costs.train_s))
+        total += episodes * expected_runs(cfg, node.name) * per_sample
+    for spec in cfg.agents.values():
+        costs = COSTS[spec.model]
+        total += costs.update_s + (costs.snapshot_s / cfg.run.snapshot_every if cfg.run.save_state else 0.0)
     return cfg.run.steps * total / max(cfg.cluster.n_workers, 1)
 
 

@@ -37,13 +37,13 @@ def test_states_written_every_k_updates_cost_a_kth_of_the_writes() -> None:
 
 
 def test_turns_an_early_stop_may_skip_count_at_their_expected_share() -> None:
-    from flexmarl.estimate import LATER_TURN_SHARE, expected_nodes
+    from flexmarl.estimate import LATER_TURN_SHARE, expected_runs
 
     loop = ["graph.edges=[[solver, verifier], [verifier, solver]]", "training.micro_batch_size=12",
             "agents.solver.prompt='{question} {verifier}'"]
     stopping = load_config(preset="tiny", overrides=[
         *loop, "graph.loops=[{nodes: [solver, verifier], max_turns: 3, stop_when: {node: verifier, parsed: correct}}]"])
     always = load_config(preset="tiny", overrides=[*loop, "graph.loops=[{nodes: [solver, verifier], max_turns: 3}]"])
-    assert expected_nodes(stopping, "solver") == pytest.approx(1 + 2 * LATER_TURN_SHARE)
-    assert expected_nodes(always, "solver") == 3
+    assert expected_runs(stopping, "solver") == pytest.approx(1 + 2 * LATER_TURN_SHARE)
+    assert expected_runs(always, "solver") == 3
     assert estimate_run_s(stopping) < estimate_run_s(always)

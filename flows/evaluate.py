@@ -35,12 +35,13 @@ def evaluate_run(run_dir: str, n: int = 500, data_path: str | None = None, batch
             training stream asked; or the first ``n`` of ``data_path``.
         data_path: a GSM8K-style JSONL file of held-out problems; required when the run trained on a file.
         batch_size: problems per greedy generation batch.
-        dask_address: an existing Dask scheduler (default: the run config's cluster, a LocalCluster).
+        dask_address: an existing Dask scheduler (default: a LocalCluster of the run config's workers; the
+            cluster the run trained on, often gone by now, is not reused).
     """
     path = Path(run_dir).resolve()
     plan = plan_evaluation(path, n, data_path=Path(data_path) if data_path else None)
     cfg = plan.cfg
-    cluster = cfg.cluster.model_copy(update={"address": dask_address}) if dask_address else cfg.cluster
+    cluster = cfg.cluster.model_copy(update={"address": dask_address})
     with open_cluster(cluster) as address:
         client = connect(address, timeout_s=cluster.connect_timeout_s, n_workers=cluster.n_workers)
         try:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import torch
+import yaml
 from deltalake import DeltaTable
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -89,6 +90,10 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
     assert first["trained"]["agents"]["verifier"]["judge"]["n"] == 4  # one verdict per solver answer
     runs = [json.loads(line) for line in (run_dir / "evaluation_runs.jsonl").read_text().splitlines()]
     assert json.loads((run_dir / "evaluation.json").read_text()) == first
+    # a run trained on a scheduler that is gone by now is evaluated on a cluster of its own
+    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    raw["cluster"]["address"] = "tcp://127.0.0.1:9"
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
     assert evaluate_run(str(run_dir), n=4, batch_size=2) == first
     train_questions = {t["fields"]["question"] for t in map(json.loads, episodes["task"].to_pylist())}
     assert len(runs) == 4 and not {r["problem"]["fields"]["question"] for r in runs} & train_questions

@@ -85,8 +85,9 @@ def single_config(team: RunConfig, queries_per_step: int) -> RunConfig:
     with ``queries_per_step`` chosen to match the team's samples."""
     data = team.model_dump(mode="json")
     node, agent = team.graph.answer_node(), team.graph.answer_agent()
-    spec = data["agents"][agent]
-    spec["prompt"] = without_fields(spec["prompt"], problem_fields(team))
+    spec, role = data["agents"][agent], team.declared_role(node)
+    spec.update(prompt=without_fields(role.prompt, problem_fields(team)), system=role.system, parser=role.parser,
+                reward=role.reward)
     data["agents"] = {agent: spec}
     data["graph"] = {"nodes": [{"name": node, "agent": agent}], "answer": node}
     data["run"]["queries_per_step"] = queries_per_step

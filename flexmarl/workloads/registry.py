@@ -23,7 +23,7 @@ PARSERS: dict[str, Callable[[str], str | None]] = {
 REWARDS: dict[str, Callable[[rewards.RewardInput], float]] = {
     "correct_answer": rewards.correct_answer,
     "verdict_matches": rewards.verdict_matches,
-    "verdict_balanced": rewards.verdict_matches,  # class-balanced within the group: BALANCED_BY_CLASS
+    "verdict_balanced": rewards.verdict_matches,  # class-balanced within mixed groups: BALANCED_BY_CLASS, MIXED_ONLY
     "verdict_mixed": rewards.verdict_matches,  # trained only on groups judging both classes: MIXED_ONLY
     "verdict_checked": rewards.verdict_checked,  # MIXED_ONLY too
     "copies_question": rewards.copies_question,
@@ -43,12 +43,12 @@ JUDGED_CLASS: dict[str, Callable[[rewards.RewardInput], bool]] = {
     "code_verdict_matches": rewards.parent_code_passes,
 }
 # Judging rewards reweighted within each GRPO group so that every class present weighs the same
-# (``rewards.class_balanced``).
+# (``rewards.class_balanced``): a constant verdict then earns the group's mean, whichever class is more common.
 BALANCED_BY_CLASS = frozenset({"verdict_balanced"})
 # Judging rewards trained only in the GRPO groups whose samples judge both classes: the samples of a group that
 # judges one class get no advantage, so a verifier cannot earn by reading the problem's difficulty (all of a
 # group's answers wrong: "no" pays) instead of the answer it judges.
-MIXED_ONLY = frozenset({"verdict_mixed", "verdict_checked"})
+MIXED_ONLY = frozenset({"verdict_balanced", "verdict_mixed", "verdict_checked"})
 
 # Task fields a reward reads beyond ``question`` and the answer; a config whose data lacks them is refused.
 REWARD_PROBLEM_FIELDS: dict[str, set[str]] = {

@@ -83,8 +83,13 @@ def test_a_verifier_that_always_says_no_earns_half_in_a_mixed_group() -> None:
     assert no == pytest.approx([0.0, 2 / 3, 2 / 3, 2 / 3])
 
 
-def test_a_group_of_one_class_keeps_its_rewards() -> None:
+def test_a_group_of_one_class_keeps_its_rewards_and_trains_nothing() -> None:
     assert verifier_rewards(["3", "4"], "incorrect") == [1.0, 1.0]
+    # balanced is mixed-only too: "no" to a group of wrong answers, some said "yes", earns no advantage
+    episodes = [_episode(j, a, v) for j, (a, v) in enumerate([("3", "incorrect"), ("4", "correct")])]
+    score(episodes, SPEC, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 0.0]
+    assert [ep.outputs["verifier"].advantage for ep in episodes] == [0.0, 0.0]
     assert class_balanced([1.0, 0.0], ["a", "a"]) == [1.0, 0.0]
     with pytest.raises(ValueError, match="2 rewards for 1 classes"):
         class_balanced([1.0, 0.0], ["a"])

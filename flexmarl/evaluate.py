@@ -28,7 +28,7 @@ from flexmarl.rollout.hf_backend import HFBackend
 from flexmarl.rollout.scoring import reward_inputs
 from flexmarl.run.layout import CHECKPOINTS_DIR, CONFIG_FILE
 from flexmarl.workloads.datasets import DataConfig, Problem, load_problems, problem_stream
-from flexmarl.workloads.registry import JUDGED_CLASS, PARSERS, REWARDS
+from flexmarl.workloads.registry import JUDGED_CLASS, REWARDS, parse
 from flexmarl.workloads.rewards import RewardInput
 
 # Seed offset of the held-out reasoning-gym problems: far from any training seed a config is likely to use.
@@ -163,7 +163,7 @@ def answer_node(
         ]
         for problem, got, result in zip(chunk, inputs, backend.generate(requests), strict=True):
             text = tok.decode(result.response_ids, skip_special_tokens=True)
-            parsed = PARSERS[role.parser](text)
+            parsed = parse(role.parser, text, next((got[p].parsed for p in parent_nodes if p in got), None))
             outputs = {**{p: a.parsed for p, a in got.items()}, node: parsed}
             reward = REWARDS[role.reward](RewardInput(node, parsed, problem, outputs, parent_nodes, (node,), text))
             answers.append(Answer(problem.input_id, text, parsed, reward))

@@ -31,7 +31,7 @@ from flexmarl.configbase import Strict, did_you_mean
 from flexmarl.meg.graph import DeclaredLoop, DeclaredNode, ExpandedGraph, expand
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.names import check_model_setting
-from flexmarl.workloads.registry import PARSERS, REWARD_PROBLEM_FIELDS, REWARDS
+from flexmarl.workloads.registry import COMPARING_PARSERS, PARSERS, REWARD_PROBLEM_FIELDS, REWARDS
 
 NAME = r"^[a-z][a-z0-9_]{0,39}$"  # agent and node names become table and directory names
 
@@ -73,8 +73,8 @@ def checked_prompt(prompt: str | None) -> str | None:
 
 
 def checked_parser(parser: str | None) -> str | None:
-    if parser is not None and parser not in PARSERS:
-        raise ValueError(unregistered("parser", parser, PARSERS))
+    if parser is not None and parser not in PARSERS and parser not in COMPARING_PARSERS:
+        raise ValueError(unregistered("parser", parser, {**PARSERS, **COMPARING_PARSERS}))
     return parser
 
 
@@ -325,6 +325,12 @@ class MEGSpec(Strict):
                     f"the parent node (problem fields: {sorted(problem_fields)})"
                 )
             available = problem_fields | provided
+            parser = self.declared_role(node.name).parser
+            if parser in COMPARING_PARSERS and not parents:
+                raise ValueError(
+                    f"node {node.name!r}: the parser {parser!r} compares the node's result with its first parent's "
+                    f"answer, and the node has no parent; add an edge [<answer node>, {node.name}] to graph.edges"
+                )
             missing = sorted(self.declared_role(node.name).template_fields() - available)
             if missing:
                 hint = did_you_mean(missing[0], sorted(available)) if len(missing) == 1 else ""

@@ -14,7 +14,7 @@ from flexmarl.meg.graph import sample_id
 from flexmarl.meg.spec import MEGSpec
 from flexmarl.rollout.backend import GenerationResult
 from flexmarl.workloads.datasets import Problem
-from flexmarl.workloads.registry import PARSERS
+from flexmarl.workloads.registry import parse
 
 
 @dataclass
@@ -103,7 +103,8 @@ class EpisodeGraph:
             prompt_ids=prompt_ids,
             result=result,
             text=text,
-            parsed=PARSERS[self.spec.role(node).parser](text),
+            parsed=parse(self.spec.role(node).parser, text, next(
+                (ep.outputs[p].parsed for p in self.graph.parents(node) if p in ep.outputs), None)),
             # skipped turns have no sample to point at
             parent_ids=[ep.outputs[p].sample_id for p in self.graph.parents(node) if p in ep.outputs],
         )

@@ -27,6 +27,17 @@ def canonical_number(value: str) -> str | None:
     return str(int(number)) if number.is_integer() else repr(number)
 
 
+def same_result(text: str, proposed: str | None) -> str | None:
+    """A verdict by comparison, for a judge that works the problem out without reading the answer it judges:
+    ``"correct"`` when the text's last number is ``proposed`` (the first parent's parsed answer), else
+    ``"incorrect"``; ``None`` when the text has no number. SmolLM2-135M cannot tell whether two numbers are equal
+    (docs/performance.md, "Learning"), so the comparison is code and the judge learns its own result."""
+    own = last_number(text)
+    if own is None:
+        return None
+    return "correct" if own == proposed else "incorrect"
+
+
 def verdict(text: str) -> str | None:
     """The first verdict word: ``"correct"`` or ``"incorrect"``."""
     match = VERDICT.search(text)

@@ -20,12 +20,26 @@ PARSERS: dict[str, Callable[[str], str | None]] = {
     "python_code": parsers.python_code,
 }
 
+# Parsers that judge the first parent's parsed answer by comparing it with the node's own response.
+COMPARING_PARSERS: dict[str, Callable[[str, str | None], str | None]] = {
+    "same_result": parsers.same_result,
+}
+
+
+def parse(parser: str, text: str, first_parent: str | None) -> str | None:
+    """A node's response through its parser; a comparing parser also reads the first parent's parsed answer."""
+    if parser in COMPARING_PARSERS:
+        return COMPARING_PARSERS[parser](text, first_parent)
+    return PARSERS[parser](text)
+
+
 REWARDS: dict[str, Callable[[rewards.RewardInput], float]] = {
     "correct_answer": rewards.correct_answer,
     "verdict_matches": rewards.verdict_matches,
     "verdict_balanced": rewards.verdict_matches,  # class-balanced within mixed groups: BALANCED_BY_CLASS, MIXED_ONLY
     "verdict_mixed": rewards.verdict_matches,  # trained only on groups judging both classes: MIXED_ONLY
     "verdict_checked": rewards.verdict_checked,  # MIXED_ONLY too
+    "result_correct": rewards.result_correct,  # a judge's own result, its verdict a comparison (same_result)
     "copies_question": rewards.copies_question,
     "copies_parent": rewards.copies_parent,
     "final_correct": rewards.final_correct,
@@ -40,6 +54,7 @@ JUDGED_CLASS: dict[str, Callable[[rewards.RewardInput], bool]] = {
     "verdict_balanced": rewards.parent_correct,
     "verdict_mixed": rewards.parent_correct,
     "verdict_checked": rewards.parent_correct,
+    "result_correct": rewards.parent_correct,
     "code_verdict_matches": rewards.parent_code_passes,
 }
 # Judging rewards reweighted within each GRPO group so that every class present weighs the same

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from flexmarl.workloads.datasets import Problem
-from flexmarl.workloads.parsers import canonical_number
+from flexmarl.workloads.parsers import canonical_number, last_number
 from flexmarl.workloads.sandbox import SandboxLimits, run_python
 
 
@@ -34,6 +34,12 @@ def _is_correct(parsed: str | None, answer: str) -> bool:
 def correct_answer(x: RewardInput) -> float:
     """1.0 when the node's final number equals the problem's answer."""
     return float(_is_correct(x.parsed, x.problem.answer))
+
+
+def result_correct(x: RewardInput) -> float:
+    """1.0 when the last number of the node's response is the problem's answer: the reward of a judge whose
+    verdict is a comparison (``same_result``), which learns its own result."""
+    return float(_is_correct(last_number(x.text), x.problem.answer))
 
 
 def parent_correct(x: RewardInput) -> bool:

@@ -138,3 +138,11 @@ def test_a_node_plays_its_own_role_where_it_sets_one() -> None:
     # the node's own prompt is checked against its parents, and the error names where to fix it
     with pytest.raises(ConfigError, match=r"node 'check'.*\['solver'\].*fix node check's prompt"):
         load_config(preset="tiny", overrides=[CHECK[0].replace("Compute: {question}", "{solver}"), *CHECK[1:]])
+
+
+def test_a_comparing_parser_needs_a_parent_to_compare_with() -> None:
+    cfg = load_config(preset="tiny", overrides=["agents.verifier.parser=same_result"])
+    assert cfg.role("verifier").parser == "same_result"
+    with pytest.raises(ConfigError, match="compares the node's result with its first parent's answer.*add an edge"):
+        load_config(preset="tiny", overrides=["agents.verifier.parser=same_result", "graph.edges=[]",
+                                              "agents.verifier.prompt='{question}'"])

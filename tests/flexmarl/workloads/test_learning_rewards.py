@@ -134,3 +134,24 @@ def test_each_node_is_rewarded_and_grouped_by_its_own_role() -> None:
     # the check's group is its own: its advantages centre on the check's rewards alone
     assert sum(ep.outputs["check"].advantage for ep in episodes) == pytest.approx(0.0)
     assert episodes[0].outputs["check"].advantage > 0 > episodes[2].outputs["check"].advantage
+
+
+def test_a_judge_that_works_alone_is_judged_by_comparison_and_learns_its_own_result() -> None:
+    from flexmarl.workloads.parsers import same_result
+    from flexmarl.workloads.registry import parse
+
+    assert same_result("47 + 38 = 85", "85") == "correct"
+    assert same_result("47 + 38 = 85", "75") == "incorrect" and same_result("47 + 38 = 85", None) == "incorrect"
+    assert same_result("I cannot", "85") is None
+    assert parse("same_result", "= 85.0", "85") == "correct" and parse("last_number", "= 85.0", None) == "85"
+    spec = MEGSpec.model_validate({**SPEC.model_dump(), "agents": {**SPEC.model_dump()["agents"], "verifier": {
+        "model": "tiny", "prompt": "{question}", "parser": "same_result", "reward": "result_correct"}}})
+    episodes = []
+    for j, (answer, own) in enumerate([("2", "2"), ("3", "2"), ("2", "5"), ("3", "3")]):
+        ep = _episode(j, answer, parse("same_result", own, answer))
+        ep.outputs["verifier"].text = f"1 + 1 = {own}"
+        episodes.append(ep)
+    score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    # rewarded for its own result, whatever the solver said: its verdict follows from it
+    assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 1.0, 0.0, 0.0]
+    assert [ep.outputs["verifier"].parsed for ep in episodes] == ["correct", "incorrect", "incorrect", "correct"]

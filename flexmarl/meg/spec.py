@@ -309,9 +309,9 @@ class MEGSpec(Strict):
             role = self.declared_role(node.name)
             needed = sorted(REWARD_PROBLEM_FIELDS.get(role.reward, set()) - problem_fields)
             if needed:
-                where = f"graph node {node.name!r}" if node.reward else f"agents.{node.agent}"
+                where = f"node {node.name}'s reward" if node.reward else f"agents.{node.agent}.reward"
                 raise ValueError(
-                    f"{where}.reward: {role.reward!r} reads problem field(s) {needed}, which this data does "
+                    f"{where}: {role.reward!r} reads problem field(s) {needed}, which this data does "
                     f"not provide (it has {sorted(problem_fields)}); use data.dataset: humaneval, or another reward"
                 )
         copies = {n.name: n.copies for n in self.graph.nodes}
@@ -325,13 +325,14 @@ class MEGSpec(Strict):
                     f"the parent node (problem fields: {sorted(problem_fields)})"
                 )
             available = problem_fields | provided
-            parser = self.declared_role(node.name).parser
-            if parser in COMPARING_PARSERS and not parents:
+            role = self.declared_role(node.name)
+            if role.parser in COMPARING_PARSERS and not parents:
                 raise ValueError(
-                    f"node {node.name!r}: the parser {parser!r} compares the node's result with its first parent's "
-                    f"answer, and the node has no parent; add an edge [<answer node>, {node.name}] to graph.edges"
+                    f"node {node.name!r}: the parser {role.parser!r} compares the node's result with its first "
+                    f"parent's answer, and the node has no parent; add an edge [<answer node>, {node.name}] to "
+                    "graph.edges"
                 )
-            missing = sorted(self.declared_role(node.name).template_fields() - available)
+            missing = sorted(role.template_fields() - available)
             if missing:
                 hint = did_you_mean(missing[0], sorted(available)) if len(missing) == 1 else ""
                 prompt = f"node {node.name}'s prompt" if node.prompt else f"agents.{node.agent}.prompt"

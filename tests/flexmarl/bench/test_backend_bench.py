@@ -65,7 +65,11 @@ def test_the_decode_limit_is_the_slower_of_compute_and_memory(model_cache) -> No
         assert limit["matmul_gflops"] > 0 and limit["memory_gb_s"] > 0
         assert limit["kernel_tokens_per_s"] == pytest.approx(batch / limit["linear_step_s"])
         assert limit["linear_gb_s"] == pytest.approx(costs["weight_bytes"] / limit["linear_step_s"] / 1e9)
-    assert one["bound"] == "memory" and many["bound"] == "compute"  # a batch shares each weight read
+    for limit in (one, many):  # the slower of the two, as measured this time (a loaded machine moves both)
+        assert limit["bound"] == ("compute" if limit["compute_tokens_per_s"] <= limit["memory_tokens_per_s"]
+                                  else "memory")
+    # a batch shares each weight read: the tokens a byte moved buys grow with the batch, whatever the speeds
+    assert many["memory_tokens_per_s"] / many["memory_gb_s"] > 10 * one["memory_tokens_per_s"] / one["memory_gb_s"]
     # each sequence reads its own KV cache: a key and a value per layer and position
     cfg = model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads

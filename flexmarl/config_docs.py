@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import re
+import types
 import typing
 
 from pydantic import BaseModel
@@ -27,9 +28,19 @@ setting accepts beyond its type (`any`: every value of the type); a value outsid
 
 
 def _type_name(annotation: typing.Any) -> str:
+    return _type_text(annotation).replace("|", "\\|")  # a bare | would split the markdown table cell
+
+
+def _type_text(annotation: typing.Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a type with its validators: the type is what a user writes
+        return _type_text(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_text(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "None"
     name = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
-    text = name or re.sub(r"\bflexmarl(\.\w+)+\.(?=[A-Z])", "", str(annotation).replace("typing.", ""))
-    return text.replace("|", "\\|")  # a bare | would split the markdown table cell
+    return name or re.sub(r"\bflexmarl(\.\w+)+\.(?=[A-Z])", "", str(annotation).replace("typing.", ""))
 
 
 def value_range(field: FieldInfo) -> str:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
 
 from flexmarl.configbase import Strict, did_you_mean
 from flexmarl.meg.graph import DeclaredLoop, DeclaredNode, ExpandedGraph, expand
@@ -66,22 +66,27 @@ def check_template(template: str, field: str) -> None:
             )
 
 
-def checked_prompt(prompt: str | None) -> str | None:
-    if prompt is not None:
-        check_template(prompt, "prompt")  # the system message is sent as written, never formatted
+def checked_prompt(prompt: str) -> str:
+    check_template(prompt, "prompt")  # the system message is sent as written, never formatted
     return prompt
 
 
-def checked_parser(parser: str | None) -> str | None:
-    if parser is not None and parser not in PARSERS and parser not in COMPARING_PARSERS:
+def checked_parser(parser: str) -> str:
+    if parser not in PARSERS and parser not in COMPARING_PARSERS:
         raise ValueError(unregistered("parser", parser, {**PARSERS, **COMPARING_PARSERS}))
     return parser
 
 
-def checked_reward(reward: str | None) -> str | None:
-    if reward is not None and reward not in REWARDS:
+def checked_reward(reward: str) -> str:
+    if reward not in REWARDS:
         raise ValueError(unregistered("reward", reward, REWARDS))
     return reward
+
+
+# An agent's and a node's prompt template, parser and reward are checked alike
+Prompt = Annotated[str, AfterValidator(checked_prompt)]
+ParserName = Annotated[str, AfterValidator(checked_parser)]
+RewardName = Annotated[str, AfterValidator(checked_reward)]
 
 
 class SamplingConfig(Strict):
@@ -100,13 +105,13 @@ class AgentSpec(Strict):
     """Train a LoRA adapter instead of the whole model, e.g. ``{type: lora, r: 8, alpha: 16}``: agents with the same
     ``model`` and an adapter share one base in each rollout replica and each training slot, and weight syncs,
     state moves and snapshots carry only the adapter. null: the agent trains all its weights."""
-    prompt: str
+    prompt: Prompt
     """User message template; ``{field}`` reads a problem field or a parent node's response."""
     system: str | None = None
     """Optional system message."""
-    parser: str
+    parser: ParserName
     """Registered output parser (see ``flexmarl.workloads.registry.PARSERS``)."""
-    reward: str
+    reward: RewardName
     """Registered reward function (see ``flexmarl.workloads.registry.REWARDS``)."""
     sampling: SamplingConfig = SamplingConfig()
     max_staleness: int | None = Field(None, ge=0)
@@ -120,21 +125,6 @@ class AgentSpec(Strict):
         check_model_setting(model)  # raises ModelError, a ValueError, for a path that does not exist
         return model
 
-    @field_validator("prompt")
-    @classmethod
-    def _template_parses(cls, prompt: str) -> str:
-        return checked_prompt(prompt)
-
-    @field_validator("parser")
-    @classmethod
-    def _parser_registered(cls, parser: str) -> str:
-        return checked_parser(parser)
-
-    @field_validator("reward")
-    @classmethod
-    def _reward_registered(cls, reward: str) -> str:
-        return checked_reward(reward)
-
 
 class NodeSpec(Strict):
     name: str = Field(pattern=NAME)
@@ -145,30 +135,15 @@ class NodeSpec(Strict):
     """Fan-out: ``copies: k`` (k > 1) runs k instances ``name_0 .. name_{k-1}`` of the node, each sampled
     independently. A child reads all k responses as ``{name}`` (numbered ``Answer 1: ...``) or copy i alone
     as ``{name_i}``."""
-    prompt: str | None = None
+    prompt: Prompt | None = None
     """This node's own prompt template; null: the agent's. An agent that plays two parts in an episode (a
     verifier that first works the problem out, then judges an answer) has one node per part."""
     system: str | None = None
     """This node's own system message; null: the agent's."""
-    parser: str | None = None
+    parser: ParserName | None = None
     """This node's own registered parser; null: the agent's."""
-    reward: str | None = None
+    reward: RewardName | None = None
     """This node's own registered reward; null: the agent's. Each node's samples form their own GRPO groups."""
-
-    @field_validator("prompt")
-    @classmethod
-    def _template_parses(cls, prompt: str | None) -> str | None:
-        return checked_prompt(prompt)
-
-    @field_validator("parser")
-    @classmethod
-    def _parser_registered(cls, parser: str | None) -> str | None:
-        return checked_parser(parser)
-
-    @field_validator("reward")
-    @classmethod
-    def _reward_registered(cls, reward: str | None) -> str | None:
-        return checked_reward(reward)
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,8 @@ class MEGSpec(Strict):
     agents: dict[str, AgentSpec] = Field(min_length=1)
     graph: GraphSpec
 
+    _roles: dict[str, Role] = PrivateAttr()  # by declared node, resolved once: the rollout asks per sample
+
     @field_validator("agents")
     @classmethod
     def _agent_names(cls, agents: dict[str, AgentSpec]) -> dict[str, AgentSpec]:
@@ -272,6 +274,12 @@ class MEGSpec(Strict):
             raise ValueError(
                 f"agents {unused} are declared but no graph node uses them; remove them or add a node to graph.nodes"
             )
+        self._roles = {}
+        for node in self.graph.nodes:
+            agent = self.agents[node.agent]
+            self._roles[node.name] = Role(
+                node.agent, node.prompt or agent.prompt, node.system if node.system is not None else agent.system,
+                node.parser or agent.parser, node.reward or agent.reward)
         return self
 
     def check_templates(self, problem_fields: set[str]) -> None:
@@ -319,10 +327,7 @@ class MEGSpec(Strict):
 
     def declared_role(self, name: str) -> Role:
         """The role of the declared node ``name``: its own prompt, system, parser and reward, else its agent's."""
-        node = next(n for n in self.graph.nodes if n.name == name)
-        agent = self.agents[node.agent]
-        return Role(node.agent, node.prompt or agent.prompt, node.system if node.system is not None else agent.system,
-                    node.parser or agent.parser, node.reward or agent.reward)
+        return self._roles[name]
 
     def role(self, node: str) -> Role:
         """The role of an expanded node (a copy or a loop turn plays its declared node's role)."""

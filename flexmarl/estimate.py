@@ -62,7 +62,7 @@ def expected_runs(cfg: RunConfig, node: str) -> float:
 
 
 def agent_tokenizer(cfg: RunConfig, agent: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``agent``'s model (loaded once per estimate: it takes a fraction of a second)."""
+    """The tokenizer of ``agent``'s model (loaded for each node the estimate prices: a fraction of a second each)."""
     return load_tokenizer(Path(resolve_model(cfg.agents[agent].model, seed=cfg.run.seed)))
 
 

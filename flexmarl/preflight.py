@@ -105,8 +105,8 @@ def check_training_memory(cfg: RunConfig) -> None:
                 f"{format_bytes(limit)} (cluster.memory_limit={cfg.cluster.memory_limit!r} over "
                 f"{cfg.cluster.n_workers} workers): raise cluster.memory_limit or use fewer workers, pick a smaller "
                 f"model, or train the agent as a LoRA adapter (agents.{name}.adapter); a trainer group "
-                "(training.max_slots) still holds the whole state on every rank, since training.sharding is not "
-                "built yet"
+                "(training.max_slots) still holds the whole state on every rank, since the pipeline does not run "
+                "sharded trainers (training.sharding: full) yet"
             )
 
 

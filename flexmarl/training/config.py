@@ -100,21 +100,20 @@ class TrainerConfig(Strict):
     group into idle slots while its step has work for them and no other agent waits for a slot, and frees
     them at the step's end. 1: one slot per agent. Above ``training.slots`` is refused."""
     sharding: Literal["none", "optimizer", "full"] = "none"
-    """How a trainer group's ranks divide the agent's state: 'none' (data parallel: each rank a whole copy).
-    'optimizer' (each rank a share of the Adam moments, ZeRO-1) and 'full' (FSDP2 ``fully_shard``: weights,
-    gradients and moments in shares) are not built yet and are refused."""
+    """How a trainer group's ranks divide the agent's state: 'none' (data parallel: each rank a whole copy);
+    'full' (FSDP2 ``fully_shard``: each rank holds 1/k of the weights, gradients and Adam moments, and every rank
+    trains its part of each micro-batch). The trainer is built (``sharding.py``), but the pipeline does not
+    dispatch a sharded group's micro-batches yet, so a run refuses 'full'. 'optimizer' (ZeRO-1) is not built."""
 
     adapter: AdapterConfig | None = None
     """Set from ``agents.<name>.adapter`` (the one place to write it): train a LoRA adapter, not the whole model."""
 
     @field_validator("sharding", mode="before")
     @classmethod
-    def _no_shards_yet(cls, value: object) -> object:
-        if value in ("optimizer", "full"):
-            raise ValueError(
-                f"{value!r} is not built yet: a trainer group's ranks each hold the agent's whole state; use "
-                "'none' (data parallel over training.max_slots slots)"
-            )
+    def _no_optimizer_shards(cls, value: object) -> object:
+        if value == "optimizer":
+            raise ValueError("'optimizer' (ZeRO-1) is not built: use 'none' (data parallel over "
+                             "training.max_slots slots) or 'full'")
         return value
 
     @field_validator("mixed_precision", mode="before")

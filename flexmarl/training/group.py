@@ -14,6 +14,11 @@ no launcher); they then call ``init_process_group``, which allows one group per 
 The driver serves the store (``Rendezvous``: a ``TCPStore`` in the driver's process, which lives as long as
 the run); each formation has a name of its own (its key prefix), so a group re-formed after a lost rank
 never reads the keys of the one before.
+
+A sharded trainer (``training.sharding: full``) is the exception: FSDP2's ``DeviceMesh`` and distributed
+checkpoint read the process's default group, so its ranks join a *world* (``join_world``: the default group,
+formed on the same store). A process is in one world at a time: joining another formation leaves the one
+before, whose sharded trainers must have been parked first.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 from distributed.utils import get_ip
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from flexmarl.cluster.worker_state import EngineKey, engines, worker_address
 
@@ -89,6 +95,47 @@ def process_group(key: EngineKey, group: TrainerGroup) -> dist.ProcessGroup:
         pg = dist.ProcessGroupGloo(store, rank, group.size, timeout)
     registry[_group_key(key)] = (group.name, pg)
     return pg
+
+
+WORLD = "world"  # the registry's entry of the sharded formation this process is a rank of
+
+
+def join_world(group: TrainerGroup) -> DeviceMesh:
+    """This process's rank of ``group`` as its default process group, and the one-dimensional mesh over it
+    that a sharded trainer's parameters are placed on: formed on first use (every rank calls this at once),
+    kept until another formation replaces it."""
+    registry = engines()
+    held = registry.get(WORLD)
+    if held is not None and held[0] == group.name:
+        return held[1]
+    leave_world()
+    host, port = group.store.rsplit(":", 1)
+    timeout = datetime.timedelta(seconds=group.timeout_s)
+    client = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.PrefixStore(group.name, client),
+                            rank=group.rank(worker_address()), world_size=group.size, timeout=timeout)
+    mesh = init_device_mesh(device, (group.size,))
+    registry[WORLD] = (group.name, mesh)
+    return mesh
+
+
+def world_name() -> str | None:
+    """The formation this process is a rank of, if any."""
+    held = engines().get(WORLD)
+    return held[0] if held is not None else None
+
+
+def leave_world() -> None:
+    engines().pop(WORLD, None)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world_all_reduce(tensors: list[torch.Tensor]) -> None:
+    """``all_reduce`` over this process's world (the default group)."""
+    for t in tensors:
+        dist.all_reduce(t)
 
 
 def drop_group(key: EngineKey) -> None:

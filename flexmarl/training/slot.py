@@ -20,7 +20,9 @@ import torch
 from flexmarl.cluster.worker_state import EngineKey, engines, worker_address
 from flexmarl.models.adapters import AdapterHost, host_key
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.group import TrainerGroup, all_reduce, drop_group, process_group
+from flexmarl.training.group import (
+    TrainerGroup, all_reduce, drop_group, join_world, process_group, world_all_reduce,
+)
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult, shared_accelerator
 from storage.store import StoreSpec
@@ -71,16 +73,22 @@ def _prefetch_key(key: EngineKey) -> str:
 
 
 def build_trainer(
-    key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, version: int = 0
+    key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, version: int = 0,
+    group: TrainerGroup | None = None,
 ) -> AgentTrainer:
     """A new trainer of ``key``'s agent (not registered); an adapter agent's adds its adapter to the base this
-    worker shares among the run's adapter agents of that model."""
-    host = None
+    worker shares among the run's adapter agents of that model. A sharded agent's (``training.sharding: full``)
+    is this worker's rank of ``group``: every member builds its own at once."""
+    host = mesh = None
     if config.adapter is not None:
         device = shared_accelerator(config.mixed_precision).device
         host = engines().get_or_start(_key(host_key(key, model_dir)), lambda: AdapterHost(model_dir, device))
+    if config.sharding == "full":
+        if group is None:
+            raise ValueError(f"agent {key.agent!r} trains sharded: its trainer is built by every rank of a group")
+        mesh = join_world(group)
     return AgentTrainer(key.agent, model_dir, config, temperature=temperature, max_new_tokens=max_new_tokens,
-                        version=version, host=host)
+                        version=version, host=host, mesh=mesh)
 
 
 def install(key: EngineKey, trainer: AgentTrainer) -> None:
@@ -89,10 +97,11 @@ def install(key: EngineKey, trainer: AgentTrainer) -> None:
 
 
 def start_trainer(
-    key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, version: int
+    key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, version: int,
+    group: TrainerGroup | None = None,
 ) -> str:
     if _key(key) not in engines():
-        install(key, build_trainer(key, model_dir, config, temperature, max_new_tokens, version))
+        install(key, build_trainer(key, model_dir, config, temperature, max_new_tokens, version, group))
     return worker_address()
 
 
@@ -125,9 +134,14 @@ def park(key: EngineKey, location: str, storage_options: dict) -> int:
     The trainer stays on this worker until ``drop_trainer``: if the agent comes back here before it trains
     anywhere else, nothing needs to be read back. The scheduler parks a trainer in the middle of a step only
     for a rank that joins its group (the state of the step's start; this trainer keeps its gradient sum): a
-    state moves between steps.
+    state moves between steps. A sharded trainer's ranks all call this at once, between steps, each writing its
+    shards; each returns its own bytes.
     """
-    copy = HostCopy.capture(trainer(key), during_step=True)
+    held = trainer(key)
+    if held.mesh is not None:
+        state = TrainingState.of(held).to(location)
+        return state.stored_bytes
+    copy = HostCopy.capture(held, during_step=True)
     try:
         return copy.write(location, storage_options)
     finally:
@@ -169,17 +183,19 @@ def discard_prefetch(key: EngineKey) -> bool:
 
 def resume(
     key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int, location: str,
-    version: int, _after: object = None,
+    version: int, _after: object = None, group: TrainerGroup | None = None,
 ) -> StateResumed:
     """Rebuild ``key``'s trainer on this worker from the state parked at ``location`` (``_after``: the park's
     or the prefetch's result, so that Dask runs this only after it).
 
-    Takes the prefetched host copy when ``prefetch`` read that location here; otherwise reads it now.
+    Takes the prefetched host copy when ``prefetch`` read that location here; otherwise reads it now. A sharded
+    agent's ranks of ``group`` all call this at once and read their shards, whatever the number of ranks that
+    wrote them.
 
     Raises:
         RuntimeError: the state found is not at ``version`` (a stale state at ``location``).
     """
-    fresh = build_trainer(key, model_dir, config, temperature, max_new_tokens)
+    fresh = build_trainer(key, model_dir, config, temperature, max_new_tokens, group=group)
     pending: _Prefetching | None = engines().pop(_prefetch_key(key), None)
     load_start = time.perf_counter()
     prefetched = None
@@ -221,10 +237,13 @@ def finish_step(key: EngineKey, group: TrainerGroup | None = None) -> UpdateResu
     """The optimizer step of ``key``'s update; with a ``group``, this worker's rank of the group's collective
     step (every member runs this at once)."""
     activate(key)
+    held = trainer(key)
+    if held.mesh is not None:
+        return held.finish_step(reduce=world_all_reduce)
     if group is None:
-        return trainer(key).finish_step()
+        return held.finish_step()
     pg = process_group(key, group)
-    return trainer(key).finish_step(reduce=lambda tensors: all_reduce(pg, tensors))
+    return held.finish_step(reduce=lambda tensors: all_reduce(pg, tensors))
 
 
 def weights(key: EngineKey) -> dict[str, torch.Tensor]:

@@ -9,6 +9,8 @@ the lr scheduler's position, the policy version and the RNG state. It sits at ex
 - a directory or an fsspec URI (``runs/x/state/solver``, ``file:///shared/state/solver``,
   ``s3://bucket/prefix/solver``, ``memory://state/solver``): two safetensors files and one JSON file,
   never pickle. The JSON file is written last, so a state whose write did not finish is never read.
+  A sharded trainer's state (``training.sharding: full``) is a distributed checkpoint instead, one file per
+  rank (``sharding.py``), in a local directory; it resumes over any number of ranks.
 
 Any trainer built from the same model and settings, on any worker, can take the state from any location,
 and a round trip is bit-exact. On a GPU, host copies sit in pinned memory (about 55 GB/s on an H200
@@ -35,6 +37,8 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 from safetensors.torch import load as load_tensors, load_file, save as save_tensors, save_file
+
+from flexmarl.training import sharding
 
 WEIGHTS = "weights.safetensors"
 OPTIMIZER = "optimizer.safetensors"
@@ -255,6 +259,8 @@ def state_problem(uri: str, storage_options: dict | None = None, *, version: int
         return f"has a {META} of another format ({meta.get('format') if isinstance(meta, dict) else meta!r})"
     if version is not None and meta.get("version") != version:
         return f"holds v{meta.get('version')}"
+    if "ranks" in meta:  # a sharded state: its index is written once every rank's shards are
+        return None if fs.exists(f"{root}/{sharding.SHARDS}/{sharding.INDEX}") else "has no index of its shards"
     for name in (WEIGHTS, OPTIMIZER):
         problem = _tensor_file_problem(fs, f"{root}/{name}")
         if problem is not None:
@@ -330,15 +336,24 @@ class TrainingState:
             holder = trainer if trainer is not None else self.trainer
             if holder is None and target == DEVICE:
                 raise ValueError(f"the state of {self.agent!r} goes onto a device through a trainer: pass trainer=")
-            if holder is None:
+            if holder is not None and holder.mesh is not None and holder is not self.trainer:
+                _read_sharded(holder, self.location)  # a sharded state lives in trainers or in its files only
+                self.trainer = holder
+            elif holder is None:
                 self.copy = self._host_copy()
             elif holder is self.trainer and target == self.location:
                 return self
+            elif holder.mesh is not None:
+                raise NotImplementedError(f"the sharded state of {self.agent!r} moves through its files (a directory); "
+                                          "a move between host and device memory is not built yet")
             else:
                 if holder is not self.trainer:
                     self._host_copy().apply(holder)
                     self.trainer, self.copy = holder, None
                 _move_live(holder, target)
+        elif target != self.location and self.trainer is not None and self.trainer.mesh is not None:
+            self.stored_bytes = _write_sharded(self.trainer, target)
+            self.trainer = None
         elif target != self.location:
             options = storage_options or {}
             copy = self._host_copy()
@@ -358,6 +373,52 @@ class TrainingState:
         if copy.agent != self.agent:
             raise ValueError(f"state in {self.location} belongs to agent {copy.agent!r}, not {self.agent!r}")
         return copy
+
+
+def _write_sharded(trainer, uri: str) -> int:
+    """Every rank writes its shards; rank 0 writes the JSON file once all have. Returns this rank's bytes."""
+    if trainer.step_under_way:
+        raise RuntimeError(f"agent {trainer.agent!r} is in the middle of the update to v{trainer.version + 1}: "
+                           "a sharded state moves between steps")
+    root = _local_dir(uri)
+    if sharding.rank() == 0:  # first, so that a write cut short leaves no complete-looking mix of two states
+        root.mkdir(parents=True, exist_ok=True)
+        (root / META).unlink(missing_ok=True)
+    sharding.save(trainer.model, trainer.optimizer, str(root / sharding.SHARDS))  # returns once the index is
+    if sharding.rank() == 0:
+        meta = {"format": FORMAT, "agent": trainer.agent, "version": trainer.version, "ranks": trainer.ranks,
+                "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
+                "rng": {"cpu": torch.get_rng_state().tolist()}}
+        (root / META).write_text(json.dumps(meta))
+    moments = {f"{i}.{k}": v for i, st in enumerate(trainer.optimizer.state.values()) for k, v in st.items()
+               if torch.is_tensor(v)}
+    return sharding.local_bytes(trainer.policy_state()) + sharding.local_bytes(moments)
+
+
+def _read_sharded(trainer, uri: str) -> None:
+    root = _local_dir(uri)
+    try:
+        meta = json.loads((root / META).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no training state at {uri}: {META} is missing (nothing was parked there, or its "
+                                "write did not finish)") from None
+    if "ranks" not in meta:
+        raise ValueError(f"the state at {uri} is not sharded, and agent {trainer.agent!r}'s trainer is "
+                         "(training.sharding: full): a run keeps one sharding for its whole life")
+    if meta["agent"] != trainer.agent:
+        raise ValueError(f"the state belongs to agent {meta['agent']!r}, not {trainer.agent!r}")
+    sharding.load(trainer.model, trainer.optimizer, str(root / sharding.SHARDS))
+    if trainer.scheduler is not None and meta["scheduler"] is not None:
+        trainer.scheduler.load_state_dict(meta["scheduler"])
+    trainer.version = meta["version"]
+    torch.set_rng_state(torch.tensor(meta["rng"]["cpu"], dtype=torch.uint8))
+
+
+def _local_dir(uri: str) -> Path:
+    fs, root = fsspec.core.url_to_fs(uri)
+    if not isinstance(fs, LocalFileSystem):
+        raise ValueError(f"a sharded state is parked in a local or shared directory, not at {uri}")
+    return Path(root)
 
 
 def _write_tensors(fs, path: str, tensors: dict[str, torch.Tensor]) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 from accelerate import Accelerator
+from torch.distributed.device_mesh import DeviceMesh
 from transformers import get_scheduler, modeling_utils
 
 from flexmarl.models.adapters import AdapterHost
@@ -28,6 +29,7 @@ from flexmarl.models.loading import CACHE_ARG, load_model
 from flexmarl.models.prefix import prefill, saves_work
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import batch_normaliser, policy_loss
+from flexmarl.training.sharding import full_weights, part, shard_model, total_norm
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +143,7 @@ def shared_accelerator(mixed_precision: str = "no") -> Accelerator:
 
 
 def response_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, device: torch.device
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, device: torch.device, *, share_prompts: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each response token given its prompt, right-padded: ``(B, T)`` values and mask.
 
@@ -149,9 +151,10 @@ def response_logprobs(
     and their KV cache is copied to each sample, which then runs only its own tokens (``prefix.prefill``): a
     group of 8 with a 60-token prompt and 12-token answers computes about 150 positions instead of 576.
     Gradients reach the shared tokens from every sample, as they would through copies; the result equals the
-    one-sequence-per-sample path up to float rounding.
+    one-sequence-per-sample path up to float rounding. ``share_prompts=False`` always takes that path: one
+    forward per batch, as a sharded model's ranks must each run the same number of forwards.
     """
-    if saves_work(batch.prompt_ids):
+    if share_prompts and saves_work(batch.prompt_ids):
         picked = shared_prompt_logits(model, batch.prompt_ids, batch.response_ids, device)
     else:
         picked = full_sequence_logits(model, batch, device)
@@ -231,6 +234,9 @@ class AgentTrainer:
         version: the policy version of the weights in ``model_dir``.
         host: where an adapter agent (``config.adapter``) adds its adapter: the base model it shares with the
             other adapter agents of its process; by default a host of its own.
+        mesh: the ranks of the agent's sharded trainer group (``training.sharding: full``, ``group.join_world``):
+            the weights, gradients and optimizer state are sharded over them (``sharding.shard_model``), and
+            every rank takes part in each micro-batch, training its part of the samples.
 
     An adapter agent's "weights" are its adapter's tensors: they are what ``weights`` returns, what a state
     move carries and what the optimizer steps; the base model stays frozen.
@@ -246,6 +252,7 @@ class AgentTrainer:
         max_new_tokens: int = 1,
         version: int = 0,
         host: AdapterHost | None = None,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         self.agent = agent
         self.config = config
@@ -255,18 +262,21 @@ class AgentTrainer:
         self.accelerator = shared_accelerator(config.mixed_precision)
         self.host, self.adapter = None, None
         self.reference = None
+        self.mesh = mesh
+        if mesh is not None and config.adapter is not None:
+            raise ValueError(f"agent {agent!r}: an adapter agent's trainer is not sharded (training.sharding: none)")
         if config.adapter is not None:
             self.host = host or AdapterHost(model_dir, self.accelerator.device)
             self.adapter = self.host.add(agent, config.adapter)
             model = self.host.model
             self.params = self.host.parameters(self.adapter)
         else:
-            model = load_model(Path(model_dir))
+            model = self._placed(load_model(Path(model_dir)))
             self.params = dict(model.named_parameters())
             # The KL reference is the starting weights, frozen (an extra copy in memory, only when used; an
             # adapter agent's reference is its base with the adapters off).
             if config.kl_coef > 0:
-                self.reference = load_model(Path(model_dir)).to(self.accelerator.device).eval().requires_grad_(False)
+                self.reference = self._placed(load_model(Path(model_dir))).eval().requires_grad_(False)
         model.train()
         optimizer = torch.optim.AdamW(self.params.values(), lr=config.lr, weight_decay=config.weight_decay)
         # Stepped by hand once per optimizer step (not through accelerate, which steps a prepared scheduler
@@ -274,10 +284,22 @@ class AgentTrainer:
         self.scheduler = None
         if config.lr_warmup_steps > 0:
             self.scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=config.lr_warmup_steps)
-        if self.host is None:
+        if self.mesh is not None:  # FSDP2 places the weights and runs the mixed precision itself
+            self.model, self.optimizer = model, optimizer
+        elif self.host is None:
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         else:  # the host's model is shared (and on the device already): only this agent's optimizer is prepared
             self.model, self.optimizer = model, self.accelerator.prepare(optimizer)
+
+    def _placed(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.mesh is None:
+            return model.to(self.accelerator.device)
+        return shard_model(model.to(self.accelerator.device), self.mesh, self.config.mixed_precision)
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks the state is sharded over (1: not sharded)."""
+        return self.mesh.size() if self.mesh is not None else 1
 
     @contextmanager
     def _in_use(self) -> Iterator[torch.nn.Module]:
@@ -306,7 +328,8 @@ class AgentTrainer:
         self._responses = self._tokens = 0
         self._loss_sum = 0.0
         self._stats: dict[str, float] = defaultdict(float)
-        self._micro = 0
+        self._micro = 0  # micro-batches trained
+        self._parts = 0  # of them, the parts this rank trained (a sharded trainer's rank trains part of each)
         self._is_sum = self._is_at_cap = 0.0  # importance weights summed, and tokens at the cap
 
     @property
@@ -321,11 +344,34 @@ class AgentTrainer:
         if len(batch) == 0:
             return {}
         device = self.accelerator.device
+        if self.mesh is not None:
+            start, stop = part(len(batch), self.mesh.get_local_rank(), self.ranks)
+            self._micro += start == 0  # counted once over the ranks: by the one with its first sample
+            if start == stop:  # fewer samples than ranks: this rank still takes part in the collectives
+                self._idle_pass(batch.slice(0, 1), device)
+                return {}
+            batch = batch.slice(start, stop)
+        else:
+            self._micro += 1
         with self._in_use() as model:
             return self._accumulate(model, batch, device)
 
+    def _idle_pass(self, batch: TrainBatch, device: torch.device) -> None:
+        """A forward and backward that adds nothing (a zero loss), run by a rank of a sharded trainer that has no
+        sample of the micro-batch: each rank must gather and reduce every layer as often as the others."""
+        logp, _ = response_logprobs(self.model, batch, self.temperature, device, share_prompts=False)
+        if self.reference is not None:
+            with torch.no_grad():
+                response_logprobs(self.reference, batch, self.temperature, device, share_prompts=False)
+        (logp.sum() * 0.0).backward()
+        for name, p in self.params.items():
+            if p.grad is not None:
+                self._grad_sum[name] += p.grad
+        self.optimizer.zero_grad(set_to_none=True)
+
     def _accumulate(self, model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> dict[str, float]:
-        logp, mask = response_logprobs(model, batch, self.temperature, device)  # (B, T)
+        shared = self.mesh is None
+        logp, mask = response_logprobs(model, batch, self.temperature, device, share_prompts=shared)  # (B, T)
         behaviour = padded(batch.logprobs)[0].to(device)  # (B, T), zeros past each response
         # Decoupled PPO for every sample: clip against the current weights (the proximal policy: one
         # optimizer step per global batch, so these are the weights before it) and correct from the policy
@@ -340,7 +386,7 @@ class AgentTrainer:
         with self._reference() as reference:
             if reference is not None:
                 with torch.no_grad():
-                    ref_logp, _ = response_logprobs(reference, batch, self.temperature, device)
+                    ref_logp, _ = response_logprobs(reference, batch, self.temperature, device, share_prompts=shared)
         loss, stats = policy_loss(
             logp, old, torch.tensor(batch.advantages, dtype=logp.dtype, device=device), mask,
             clip_eps=self.config.clip_eps, clip_eps_high=self.config.clip_eps_high,
@@ -355,7 +401,7 @@ class AgentTrainer:
         self._consumed += batch.sample_ids
         self._responses += len(batch)
         self._tokens += batch.num_tokens
-        self._micro += 1
+        self._parts += 1
         with torch.no_grad():  # token-weighted over the whole update (unlike the per-micro-batch means)
             self._is_sum += float((is_weights * mask).sum())
             self._is_at_cap += float(((to_behaviour >= self.config.is_cap).float() * mask).sum())
@@ -397,13 +443,13 @@ class AgentTrainer:
         del self._grad_sum
         metrics = {"loss/policy": self._loss_sum / norm, "loss/normaliser": float(norm),
                    "micro_batches": float(self._micro), **reduced}
-        metrics.update({f"policy/{k}": v / self._micro for k, v in self._stats.items()})
+        metrics.update({f"policy/{k}": v / self._parts for k, v in self._stats.items()})
         metrics["policy/is_weight_mean"] = self._is_sum / max(self._tokens, 1)
         metrics["policy/is_weight_at_cap"] = self._is_at_cap / max(self._tokens, 1)
         consumed, tokens = self._consumed, self._tokens
         del self._consumed
-        norms = [torch.linalg.vector_norm(p.grad) for p in self.params.values() if p.grad is not None]
-        grad_norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        grad_norm = total_norm(grads) if grads else 0.0
         metrics["grad_norm"] = grad_norm
         if not (math.isfinite(metrics["loss/policy"]) and math.isfinite(grad_norm)):
             # A NaN update must not touch the weights. The version still advances, so that versions keep
@@ -431,17 +477,18 @@ class AgentTrainer:
         return ("clipfrac", "ratio_mean", "stale_fraction", *(("kl",) if self.config.kl_coef > 0 else ()))
 
     def _sum_over_ranks(self, reduce: Callable[[list[torch.Tensor]], None]) -> None:
-        """Make this step's gradient sum and counters the group's: the sums over every rank's."""
+        """Make this step's gradient sum and counters the group's: the sums over every rank's. A sharded trainer's
+        gradient sum is the group's already (each backward reduce-scattered it): only its counters are summed."""
         keys = self._stat_keys()
-        sums = list(self._grad_sum.values())
+        sums = list(self._grad_sum.values()) if self.mesh is None else []
         counters = torch.tensor(
-            [self._responses, self._tokens, self._loss_sum, self._micro, self._is_sum, self._is_at_cap,
-             *(self._stats.get(k, 0.0) for k in keys)], dtype=torch.float64, device=sums[0].device)
+            [self._responses, self._tokens, self._loss_sum, self._micro, self._parts, self._is_sum, self._is_at_cap,
+             *(self._stats.get(k, 0.0) for k in keys)], dtype=torch.float64, device=self.accelerator.device)
         reduce([*sums, counters])
         values = counters.tolist()
-        self._responses, self._tokens, self._micro = int(values[0]), int(values[1]), int(values[3])
-        self._loss_sum, self._is_sum, self._is_at_cap = values[2], values[4], values[5]
-        self._stats = defaultdict(float, zip(keys, values[6:], strict=True))
+        self._responses, self._tokens, self._micro, self._parts = (int(v) for v in values[:2] + values[3:5])
+        self._loss_sum, self._is_sum, self._is_at_cap = values[2], values[5], values[6]
+        self._stats = defaultdict(float, zip(keys, values[7:], strict=True))
 
     def train_step(self, batch: TrainBatch) -> UpdateResult:
         """A whole global batch at once: micro-batches of ``micro_batch_size`` in order, then one step."""
@@ -467,7 +514,12 @@ class AgentTrainer:
             self.accelerator.unwrap_model(self.model).load_state_dict(tensors)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """Detached copies of the weights (an adapter agent: its adapter's), on the CPU, for a weight sync."""
+        """Detached copies of the weights (an adapter agent: its adapter's), on the CPU, for a weight sync.
+
+        A sharded trainer's are gathered whole onto rank 0 (the other ranks get an empty dict): every rank must
+        call this at once."""
+        if self.mesh is not None:
+            return full_weights(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy_state().items()}
 
     def close(self) -> None:
@@ -487,5 +539,10 @@ class AgentTrainer:
         out = Path(out_dir)
         if self.host is not None:
             return self.host.save(self.adapter, out)
+        if self.mesh is not None:  # every rank gathers; rank 0 writes
+            weights = full_weights(self.model)
+            if weights:
+                self.model.save_pretrained(out, state_dict=weights)
+            return out
         self.accelerator.unwrap_model(self.model).save_pretrained(out)
         return out

@@ -1,0 +1,118 @@
+"""An agent's trainer sharded over two Dask worker processes (``training.sharding: full``): FSDP2 over a real
+gloo world, each rank training its part of every micro-batch; parked as a distributed checkpoint and resumed
+over another number of ranks."""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+import torch
+from distributed import Client, LocalCluster
+
+from flexmarl.cluster.local import submit_on, worker_env
+from flexmarl.cluster.worker_state import EngineKey, register
+from flexmarl.reference import weight_drift
+from flexmarl.training import sharding, slot
+from flexmarl.training.config import TrainerConfig
+from flexmarl.training.group import Rendezvous, TrainerGroup
+from flexmarl.training.trainer import AgentTrainer, TrainBatch
+
+from .test_trainer import make_batch
+
+pytestmark = pytest.mark.cluster  # two worker processes: FSDP2 wants one world per process
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the helpers below run on the workers
+
+KEY = EngineKey("run-s", "solver")
+CONFIG = TrainerConfig(lr=1e-3, lr_warmup_steps=2, micro_batch_size=3, loss_type="dapo")
+SHARDED = CONFIG.model_copy(update={"sharding": "full"})
+SLICES = [(0, 3), (3, 6), (6, 8), (8, 9)]  # parts of 2+1, 2+1, 1+1 and 1+none (one rank idle)
+
+
+def train(key: EngineKey, batch: TrainBatch, start: int, stop: int) -> None:
+    slot.trainer(key).accumulate(batch.slice(start, stop))
+
+
+def held_bytes(key: EngineKey) -> tuple[int, int]:
+    """This rank's bytes of the weights and of the optimizer's state."""
+    held = slot.trainer(key)
+    moments = {f"{i}.{k}": v for i, st in enumerate(held.optimizer.state.values()) for k, v in st.items()
+               if torch.is_tensor(v) and v.dim() > 0}
+    return sharding.local_bytes(held.policy_state()), sharding.local_bytes(moments)
+
+
+def version(key: EngineKey) -> int:
+    return slot.trainer(key).version
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with (LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                       env=worker_env()) as cluster, Client(cluster) as client):
+        register(client)
+        members = tuple(sorted(client.scheduler_info(n_workers=-1)["workers"]))
+        yield client, members, Rendezvous(cluster.scheduler_address)
+
+
+def on(client: Client, members: tuple[str, ...], fn, *args) -> list:
+    """``fn(*args)`` on every member at once (a collective), the results in rank order."""
+    return client.gather([submit_on(client, w, fn, *args) for w in members])
+
+
+def step(client, members, batch: TrainBatch, group: TrainerGroup):
+    for start, stop in SLICES:
+        on(client, members, train, KEY, batch, start, stop)
+    return on(client, members, slot.finish_step, KEY, group)
+
+
+def reference_step(trainer: AgentTrainer, batch: TrainBatch):
+    trainer.begin_step()
+    for start, stop in SLICES:
+        trainer.accumulate(batch.slice(start, stop))
+    return trainer.finish_step()
+
+
+def test_a_sharded_trainer_steps_as_one_slot_holding_half_the_state_and_resumes_over_another_count(
+        tiny_dir, workers, tmp_path) -> None:
+    client, members, rendezvous = workers
+    batches = [make_batch(tiny_dir, [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -1.5, 1.5, 1.0][::sign]) for sign in (1, -1)]
+    reference = AgentTrainer("solver", tiny_dir, CONFIG, temperature=1.0, max_new_tokens=6)
+    start = reference.weights()
+    pair = TrainerGroup("solver.1", members, rendezvous.address, 60.0)
+    on(client, members, slot.start_trainer, KEY, str(tiny_dir), SHARDED, 1.0, 6, 0, pair)
+    for batch in batches:  # the first step's lr is 0 (warmup): the second moves the weights
+        expected = reference_step(reference, batch)
+        results = step(client, members, batch, pair)
+    first = on(client, members, slot.weights, KEY)
+
+    assert [r.policy_version for r in results] == [2, 2] and not any(r.skipped for r in results)
+    assert sorted(i for r in results for i in r.consumed_ids) == sorted(expected.consumed_ids)
+    assert results[0].metrics["micro_batches"] == expected.metrics["micro_batches"] == 4
+    assert results[0].num_tokens == expected.num_tokens
+    assert results[0].metrics["loss/policy"] == pytest.approx(expected.metrics["loss/policy"], rel=1e-6)
+    assert results[0].metrics["grad_norm"] == pytest.approx(expected.metrics["grad_norm"], rel=1e-5)
+    assert first[1] == {}  # gathered onto rank 0
+    assert weight_drift({"s": first[0]}, {"s": reference.weights()}, {"s": start}) < 1e-3
+    whole = sharding.local_bytes(start)
+    for weights_bytes, moment_bytes in on(client, members, held_bytes, KEY):  # each rank: about half
+        assert weights_bytes <= 0.55 * whole and moment_bytes <= 0.55 * 2 * whole
+
+    # parked by both ranks, resumed by one (a world of 1), trained, parked again and resumed by two
+    on(client, members, slot.park, KEY, str(tmp_path / "k2"), {})
+    alone = TrainerGroup("solver.2", members[:1], rendezvous.address, 60.0)
+    on(client, members[:1], slot.resume, KEY, str(tiny_dir), SHARDED, 1.0, 6, str(tmp_path / "k2"), 2, None, alone)
+    assert on(client, members[:1], slot.weights, KEY)[0].keys() == first[0].keys()
+    assert all(torch.equal(a, b) for a, b in zip(on(client, members[:1], slot.weights, KEY)[0].values(),
+                                                 first[0].values(), strict=True))
+    step(client, members[:1], batches[0], alone)
+    reference_step(reference, batches[0])
+    second = on(client, members[:1], slot.weights, KEY)[0]
+    assert weight_drift({"s": second}, {"s": reference.weights()}, {"s": start}) < 1e-3
+
+    on(client, members[:1], slot.park, KEY, str(tmp_path / "k1"), {})
+    again = TrainerGroup("solver.3", members, rendezvous.address, 60.0)
+    on(client, members, slot.resume, KEY, str(tiny_dir), SHARDED, 1.0, 6, str(tmp_path / "k1"), 3, None, again)
+    assert on(client, members, version, KEY) == [3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(on(client, members, slot.weights, KEY)[0].values(),
+                                                 second.values(), strict=True))

@@ -124,13 +124,16 @@ def swap(
     models: Annotated[str, typer.Option(help="Comma-separated model settings.")] = "tiny,smollm2-135m-instruct",
     adapter_rank: Annotated[int, typer.Option(min=0, help="Also a LoRA adapter agent of this rank on each model "
                                                            "(0: full-model agents only).")] = 8,
+    ranks: Annotated[int, typer.Option(min=0, help="Also the state sharded over this many worker processes "
+                                                    "(training.sharding: full), against one (0: not).")] = 2,
 ) -> None:
     """Time moving an agent's whole training state device <-> host <-> disk <-> object store, and check it
-    is bit-exact: for a full-model agent and for a LoRA adapter agent on each model."""
+    is bit-exact: for a full-model agent and for a LoRA adapter agent on each model; and a sharded state's
+    bytes and peak memory per rank, parked and resumed over the same ranks, over one and back."""
     from flexmarl.bench.swap_bench import bench_swap
 
     report = bench_swap([m.strip() for m in models.split(",") if m.strip()], log=console.print,
-                        adapter_rank=adapter_rank)
+                        adapter_rank=adapter_rank, ranks=ranks)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_swap.json").write_text(json.dumps(report, indent=2))
     rows = list(report["models"].items())
@@ -142,6 +145,15 @@ def swap(
             f"from disk {r['from_disk_gb_per_s']:.2f} GB/s, to/from {r['object_store']} object store "
             f"{r['to_object_store_gb_per_s']:.2f}/{r['from_object_store_gb_per_s']:.2f} GB/s, "
             f"bit exact {r['bit_exact']} ({r['device']}{', pinned' if r['pinned'] else ''})"
+        )
+    for model, r in report["sharded"].items():
+        rss = ", ".join(f"{b / 1e6:.0f}" for b in r["rank_peak_rss_over_start_bytes"])
+        console.print(
+            f"{model} sharded over {r['ranks']}: {r['whole_state_bytes'] / 1e6:.1f} MB, per rank "
+            f"{max(r['rank_state_bytes']) / 1e6:.1f} MB; peak memory per rank {rss} MB against "
+            f"{r['one_rank_peak_rss_over_start_bytes'] / 1e6:.0f} MB on one; park {r['park_s']:.2f} s, resume "
+            f"{r['resume_s']:.2f} s, onto one rank {r['reshard_to_one_s']:.2f} s and back {r['reshard_back_s']:.2f} s, "
+            f"bit exact {r['bit_exact']}"
         )
 
 

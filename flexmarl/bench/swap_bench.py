@@ -10,20 +10,29 @@ On a CUDA machine host copies go through pinned buffers, and ``to_host_pageable_
 through pageable memory for comparison. Without a GPU, "device" and "host" are the same memory and the first
 two figures are plain copies. Each model is measured twice: an agent that trains the whole model, and one that
 trains a LoRA adapter on it (only the adapter's tensors and their Adam moments move).
+
+With ``ranks``, a third time: the state sharded over that many worker processes (``bench_sharded``): each rank's
+bytes and peak memory against one rank's, and the distributed checkpoint's park, resume, and resharding legs.
 """
 
 from __future__ import annotations
 
+import resource
 import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import fsspec
+import psutil
 import torch
 
 from flexmarl.bench.timing import timed
 from flexmarl.models.adapter_config import AdapterConfig
-from flexmarl.models.loading import resolve_model
+from flexmarl.cluster.worker_state import EngineKey, register
+from flexmarl.models.loading import meta_model, resolve_model
+from flexmarl.training import sharding, slot
 from flexmarl.training.config import TrainerConfig
+from flexmarl.training.group import Rendezvous, TrainerGroup, world_all_reduce
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
 
@@ -91,10 +100,12 @@ def bench_one(model: str, object_store: str = "memory://flexmarl-bench-swap",
     return result
 
 
-def bench_swap(models: Sequence[str], log: Callable[[str], None] = print, adapter_rank: int = 8) -> dict:
+def bench_swap(models: Sequence[str], log: Callable[[str], None] = print, adapter_rank: int = 8,
+               ranks: int = 0) -> dict:
     """Each model's full training state (``models``) and, unless ``adapter_rank`` is 0, the state of a LoRA
-    adapter agent of that rank on it (``adapters``): what a slot moves for each kind of agent."""
-    report: dict = {"models": {}, "adapters": {}}
+    adapter agent of that rank on it (``adapters``): what a slot moves for each kind of agent. With ``ranks``,
+    also the state sharded over that many worker processes (``sharded``, ``bench_sharded``)."""
+    report: dict = {"models": {}, "adapters": {}, "sharded": {}}
     for model in models:
         log(f"swap benchmark: {model}")
         report["models"][model] = bench_one(model)
@@ -102,6 +113,114 @@ def bench_swap(models: Sequence[str], log: Callable[[str], None] = print, adapte
             log(f"swap benchmark: {model}, LoRA adapter r={adapter_rank}")
             adapter = AdapterConfig(r=adapter_rank, alpha=2 * adapter_rank)
             report["adapters"][model] = {"r": adapter_rank, **bench_one(model, adapter=adapter)}
-    report["bit_exact"] = all(m["bit_exact"] for kind in ("models", "adapters") for m in report[kind].values())
+        if ranks:
+            report["sharded"][model] = bench_sharded(model, ranks, log)
+    report["bit_exact"] = all(m["bit_exact"] for kind in ("models", "adapters", "sharded")
+                              for m in report[kind].values())
     report["device"] = next(iter(report["models"].values()))["device"] if report["models"] else "cpu"
     return report
+
+
+SHARDED_LEGS = ("park", "resume", "reshard_to_one", "reshard_back")
+
+
+def _rss_bytes() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _train_once(key: EngineKey, batch: TrainBatch) -> int:
+    """One micro-batch and the optimizer step of this rank's trainer (so that the Adam moments exist)."""
+    held = slot.trainer(key)
+    held.accumulate(batch)
+    held.finish_step(reduce=world_all_reduce)
+    return _peak_rss_bytes()
+
+
+def _held(key: EngineKey) -> tuple[int, dict[str, torch.Tensor]]:
+    """This rank's bytes of the state, and the whole state on rank 0 (every rank calls it)."""
+    held = slot.trainer(key)
+    moments = {f"{i}.{k}": v for i, st in enumerate(held.optimizer.state.values()) for k, v in st.items()
+               if torch.is_tensor(v) and v.dim() > 0}
+    return (sharding.local_bytes(held.policy_state()) + sharding.local_bytes(moments),
+            sharding.full_state(held.model, held.optimizer))
+
+
+def bench_sharded(model: str, ranks: int = 2, log: Callable[[str], None] = print) -> dict:
+    """A sharded agent's state (``training.sharding: full``) over ``ranks`` worker processes: each rank's bytes
+    and peak memory against one rank holding it all, and the time to park it, resume it over the same ranks, over
+    one (resharding) and back, each round trip compared bit by bit.
+
+    Two fresh LocalClusters: ``ranks`` workers, and one worker for the single-rank figures.
+    """
+    from distributed import Client, LocalCluster
+
+    from flexmarl.cluster.local import submit_on, worker_env
+
+    model_dir = str(resolve_model(model))
+    config = TrainerConfig(lr=1e-5, lr_warmup_steps=2, sharding="full")
+    key = EngineKey("bench-shards", "bench")
+    vocab = _vocabulary(model_dir)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (2 * ranks, 24), generator=g).tolist()
+    batch = TrainBatch([f"s{i}" for i in range(len(ids))], [i[:16] for i in ids], [i[16:] for i in ids],
+                       [[-1.0] * 8] * len(ids), [1.0, -1.0] * ranks, [0] * len(ids))
+    result: dict = {"ranks": ranks}
+
+    def cluster(n: int):
+        return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                            env=worker_env())
+
+    with tempfile.TemporaryDirectory() as tmp, cluster(ranks) as many, Client(many) as client:
+        register(client)
+        members = tuple(sorted(client.scheduler_info(n_workers=-1)["workers"]))
+        rendezvous = Rendezvous(many.scheduler_address)
+
+        def on(who: tuple[str, ...], c: Client, fn, *args) -> list:
+            return c.gather([submit_on(c, w, fn, *args) for w in who])
+
+        def group(name: str, who: tuple[str, ...]) -> TrainerGroup:
+            return TrainerGroup(name, who, rendezvous.address, 600.0)
+
+        log(f"sharded swap benchmark: {model} over {ranks} ranks")
+        base = on(members, client, _rss_bytes)
+        on(members, client, slot.start_trainer, key, model_dir, config, 1.0, 8, 0, group("b.1", members))
+        peaks = on(members, client, _train_once, key, batch)
+        held = on(members, client, _held, key)
+        trained = held[0][1]
+        result["whole_state_bytes"] = sharding.local_bytes({k: v for k, v in trained.items()})
+        result["rank_state_bytes"] = [h[0] for h in held]
+        result["rank_peak_rss_over_start_bytes"] = [p - b for p, b in zip(peaks, base, strict=True)]
+        result["park_s"] = timed(lambda: on(members, client, slot.park, key, f"{tmp}/k", {}))
+        result["resume_s"] = timed(lambda: on(members, client, slot.resume, key, model_dir, config, 1.0, 8,
+                                              f"{tmp}/k", 1, None, group("b.2", members)))
+        exact = [_same(on(members, client, _held, key)[0][1], trained)]
+        with cluster(1) as one, Client(one) as single:
+            register(single)
+            alone = tuple(single.scheduler_info(n_workers=-1)["workers"])
+            base_one = on(alone, single, _rss_bytes)[0]
+            result["reshard_to_one_s"] = timed(lambda: on(alone, single, slot.resume, key, model_dir, config, 1.0, 8,
+                                                          f"{tmp}/k", 1, None, group("b.3", alone)))
+            exact.append(_same(on(alone, single, _held, key)[0][1], trained))
+            on(alone, single, slot.park, key, f"{tmp}/one", {})
+            on(alone, single, slot.drop_trainer, key)
+            on(alone, single, slot.start_trainer, key, model_dir, config, 1.0, 8, 0, group("b.4", alone))
+            result["one_rank_peak_rss_over_start_bytes"] = on(alone, single, _train_once, key, batch)[0] - base_one
+        result["reshard_back_s"] = timed(lambda: on(members, client, slot.resume, key, model_dir, config, 1.0, 8,
+                                                    f"{tmp}/one", 1, None, group("b.5", members)))
+        exact.append(_same(on(members, client, _held, key)[0][1], trained))
+    result["bit_exact"] = all(exact)
+    for leg in SHARDED_LEGS:
+        result[f"{leg}_gb_per_s"] = result["whole_state_bytes"] / result[f"{leg}_s"] / 1e9
+    return result
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _vocabulary(model_dir: str) -> int:
+    return meta_model(Path(model_dir)).get_input_embeddings().weight.shape[0]

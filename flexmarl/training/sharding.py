@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict,
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, get_state_dict, set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -73,6 +73,20 @@ def total_norm(tensors: list[torch.Tensor]) -> float:
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole weights on the CPU, on rank 0 (an empty dict on the others); every rank must call it."""
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The whole weights and AdamW moments on the CPU, flat (``weights.<name>``, ``optim.<name>.<moment>``), on
+    rank 0 (an empty dict on the others); every rank must call it. For comparing states, not for moving them."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    moments = get_optimizer_state_dict(model, optimizer, options=options)
+    if not weights:
+        return {}
+    flat = {f"weights.{k}": v for k, v in weights.items()}
+    for name, per_param in moments["state"].items():
+        flat.update({f"optim.{name}.{k}": torch.as_tensor(v) for k, v in per_param.items()})
+    return flat
 
 
 def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:

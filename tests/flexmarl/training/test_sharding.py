@@ -116,3 +116,15 @@ def test_a_sharded_trainer_steps_as_one_slot_holding_half_the_state_and_resumes_
     assert on(client, members, version, KEY) == [3, 3]
     assert all(torch.equal(a, b) for a, b in zip(on(client, members, slot.weights, KEY)[0].values(),
                                                  second.values(), strict=True))
+
+
+def test_the_swap_benchmark_reports_a_sharded_state_per_rank_and_its_resharding_bit_exact(model_cache) -> None:
+    from flexmarl.bench.swap_bench import SHARDED_LEGS, bench_sharded
+
+    report = bench_sharded("tiny", 2, log=lambda _: None)
+    whole = report["whole_state_bytes"]
+    assert report["bit_exact"] and report["ranks"] == 2 and len(report["rank_state_bytes"]) == 2
+    assert all(0.45 * whole <= b <= 0.55 * whole for b in report["rank_state_bytes"])  # about half each
+    assert sum(report["rank_state_bytes"]) == pytest.approx(whole, rel=0.01)
+    for leg in SHARDED_LEGS:
+        assert report[f"{leg}_s"] > 0 and report[f"{leg}_gb_per_s"] > 0

@@ -142,14 +142,22 @@ class RunConfig(MEGSpec):
             if self.training.slots is not None and span > self.training.slots:
                 raise ValueError(f"{where.format(a=agent)}={span} is above training.slots={self.training.slots}: "
                                  f"a trainer group spans at most the run's slots; lower it or raise training.slots")
-            if self.trainer_config(agent).sharding == "full":
-                at = f"agents.{agent}.training" if "sharding" in spec.training else "training"
-                raise ValueError(f"{at}.sharding='full': a sharded "
-                                 "trainer is built but the pipeline does not dispatch its micro-batches to every "
-                                 "rank yet; use 'none' (data parallel over training.max_slots slots)")
             if span > 1 and spec.adapter is not None:
                 raise ValueError(f"{where.format(a=agent)}={span}: agent {agent!r} trains an adapter, and trainer "
                                  "groups of adapter agents are not built yet; use 1 for it")
+        return self
+
+    @model_validator(mode="after")
+    def _check_sharded_agents(self) -> RunConfig:
+        sharded = [a for a in self.agents if self.trainer_config(a).sharding == "full"]
+        if len(sharded) > 1:
+            raise ValueError(f"agents {', '.join(sharded)} are all sharded (training.sharding='full'): one sharded "
+                             "agent per run is built (their ranks would share one process group per worker); "
+                             "shard one and give the others 'none' (per agent: agents.<name>.training.sharding)")
+        for agent in sharded:
+            if self.agents[agent].adapter is not None:
+                raise ValueError(f"agents.{agent}: an adapter agent's trainer is not sharded (its state is small); "
+                                 "use training.sharding='none' for it")
         return self
 
     @model_validator(mode="after")

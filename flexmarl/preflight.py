@@ -74,12 +74,15 @@ STATE_BYTES_PER_PARAMETER = 4 + 4 + 8 + 8
 gradient sum the micro-batches add into (``AgentTrainer.begin_step``)."""
 
 
-def training_state_bytes(model_dir: Path, *, kl: bool) -> int:
+def training_state_bytes(model_dir: Path, *, kl: bool, ranks: int = 1) -> int:
     """What one full-model trainer of ``model_dir`` holds at its optimizer step, activations left out (a lower
-    bound); ``kl``: with the frozen reference copy that a KL penalty reads."""
+    bound); ``kl``: with the frozen reference copy that a KL penalty reads. ``ranks`` > 1: what each rank of a
+    trainer sharded over that many holds: its 1/k share, plus the whole float32 weights (each rank loads them
+    whole before sharding, and the home keeps them gathered for the weight syncs)."""
     unique = {id(p): p for p in meta_model(model_dir).parameters()}.values()
     params = sum(p.numel() for p in unique)
-    return params * (STATE_BYTES_PER_PARAMETER + (4 if kl else 0))
+    whole = params * (STATE_BYTES_PER_PARAMETER + (4 if kl else 0))
+    return whole if ranks == 1 else -(-whole // ranks) + 4 * params
 
 
 def check_training_memory(cfg: RunConfig) -> None:
@@ -95,19 +98,27 @@ def check_training_memory(cfg: RunConfig) -> None:
     for name, agent in cfg.agents.items():
         if agent.adapter is not None:  # an adapter's state is a small part of its model's
             continue
-        kl = cfg.trainer_config(name).kl_coef > 0
-        need = training_state_bytes(resolve_model(agent.model, seed=cfg.run.seed), kl=kl)
-        if need > limit:
-            raise ConfigError(
-                f"agents.{name}: its training state needs at least {format_bytes(need)} ({STATE_BYTES_PER_PARAMETER}"
-                f"{' + 4' if kl else ''} bytes per parameter: float32 weights and gradient, two AdamW moments, the "
-                f"float64 gradient sum{', the KL reference' if kl else ''}) but a worker's memory limit is "
-                f"{format_bytes(limit)} (cluster.memory_limit={cfg.cluster.memory_limit!r} over "
-                f"{cfg.cluster.n_workers} workers): raise cluster.memory_limit or use fewer workers, pick a smaller "
-                f"model, or train the agent as a LoRA adapter (agents.{name}.adapter); a trainer group "
-                "(training.max_slots) still holds the whole state on every rank, since the pipeline does not run "
-                "sharded trainers (training.sharding: full) yet"
-            )
+        trainer = cfg.trainer_config(name)
+        kl = trainer.kl_coef > 0
+        ranks = trainer.max_slots if trainer.sharding == "full" else 1
+        need = training_state_bytes(resolve_model(agent.model, seed=cfg.run.seed), kl=kl, ranks=ranks)
+        if need <= limit:
+            continue
+        per = f"{STATE_BYTES_PER_PARAMETER}{' + 4' if kl else ''} bytes per parameter"
+        what = (f"its training state needs at least {format_bytes(need)} ({per}: float32 weights and gradient, two "
+                f"AdamW moments, the float64 gradient sum{', the KL reference' if kl else ''})")
+        fix = ("or shard it over several slots (agents.{n}.training.sharding: full, with training.max_slots: the "
+               "number of slots; a data-parallel trainer group holds the whole state on every rank)")
+        if ranks > 1:
+            what = (f"its training state, sharded over {ranks} ranks, needs at least {format_bytes(need)} on each "
+                    f"({per} over {ranks}, plus 4 for the whole weights each rank loads and its home keeps)")
+            fix = "or shard it over more slots (training.max_slots)"
+        raise ConfigError(
+            f"agents.{name}: {what} but a worker's memory limit is {format_bytes(limit)} "
+            f"(cluster.memory_limit={cfg.cluster.memory_limit!r} over {cfg.cluster.n_workers} workers): raise "
+            f"cluster.memory_limit or use fewer workers, pick a smaller model, train the agent as a LoRA adapter "
+            f"(agents.{name}.adapter), {fix.format(n=name)}"
+        )
 
 
 def check_model_files(model: str) -> None:

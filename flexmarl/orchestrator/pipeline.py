@@ -81,7 +81,8 @@ def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, replicas, engines
     for agent, spec in cfg.agents.items():
         trainer = cfg.trainer_config(agent)
         shapes[agent] = AgentShape(trainer.micro_batch_size, spec.sampling.max_new_tokens,
-                                   cfg.rollout.max_batch_size, trainer.advantage == "agent", trainer.max_slots)
+                                   cfg.rollout.max_batch_size, trainer.advantage == "agent", trainer.max_slots,
+                                   trainer.sharding == "full")
     balancer = InterAgentBalancer(
         cfg.rollout.balance_threshold, cfg.rollout.balance_cooldown_s,
         min_replicas=1 if len(replicas) >= len(cfg.agents) else 0, lanes=cfg.cluster.threads_per_worker,
@@ -394,6 +395,10 @@ class PipelineRunner:
             after = self.prefetches.pop(agent, None) if isinstance(job, MoveState) and job.prefetched else None
             return slot.resume, (key, *trainer, self._park_uri(agent), self.versions[agent],
                                  after or self.parks.get(agent))
+        if isinstance(job, Restore) and self.trainer_cfg[agent].sharding == "full":
+            raise RuntimeError(
+                f"a rank of sharded agent {agent!r} was lost, and rebuilding a sharded trainer mid-run is not built "
+                "yet: resume the run from its store (flexmarl train with the same run directory)")
         if isinstance(job, Restore):
             self.finished_steps.pop(agent, None)  # the rebuilt trainer redoes the step: its ranks' results too
             state = self.states.at(agent, job.version)

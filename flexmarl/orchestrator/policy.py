@@ -31,6 +31,7 @@ class AgentShape:
     batch_limit: int  # most requests in one generation batch
     agent_wise: bool = False  # ``advantage: agent``: the whole batch is normalised (and committed) together
     max_slots: int = 1  # ``training.max_slots``: the most training slots its trainer group may span
+    sharded: bool = False  # ``training.sharding: full``: its trainer spans ``sharded_ranks`` for the whole run
 
 
 class TrainingDue(Enum):
@@ -167,6 +168,12 @@ class SchedulePolicy:
         generation outstanding); ties by name. A Dask worker runs one task at a time, so a batch sent to a
         worker that trains waits for the training."""
         return min(sorted(load), key=load.__getitem__)
+
+
+def sharded_ranks(slots: Sequence[str], max_slots: int) -> tuple[str, ...]:
+    """The training slots a sharded agent's trainer spans for the whole run, its home first: the first
+    ``max_slots`` in sorted order (so the driver's placement and its scheduler agree)."""
+    return tuple(sorted(slots)[:max_slots])
 
 
 def micro_batch_of(query_index: int, samples_per_query: int, micro_batch_size: int) -> int:

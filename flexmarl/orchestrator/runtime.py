@@ -26,7 +26,7 @@ from flexmarl.config import RunConfig, load_config
 from flexmarl.models.loading import load_tokenizer, resolve_model
 from flexmarl.orchestrator.pipeline import PipelineRunner, StopFlag
 from flexmarl.orchestrator.records import PipelineEvent, PipelineResult
-from flexmarl.orchestrator.policy import SchedulePolicy, deal_replicas
+from flexmarl.orchestrator.policy import SchedulePolicy, deal_replicas, sharded_ranks
 from flexmarl.rollout import replica
 from flexmarl.training import group, replay, slot, snapshots
 from flexmarl.workloads.datasets import problem_stream
@@ -127,7 +127,13 @@ class Runtime:
             for a in self.cfg.agents
         }
         versions = {a: self.store.policy_version(a) for a in self.cfg.agents}
-        return Placement(place(list(self.cfg.agents), slots), slots, engines, replicas, versions)
+        trainers = place(list(self.cfg.agents), slots)
+        for agent in self._sharded():  # its home is its first rank
+            trainers[agent] = sharded_ranks(slots, self.cfg.trainer_config(agent).max_slots)[0]
+        return Placement(trainers, slots, engines, replicas, versions)
+
+    def _sharded(self) -> list[str]:
+        return [a for a in self.cfg.agents if self.cfg.trainer_config(a).sharding == "full"]
 
     @property
     def placement(self) -> Placement:
@@ -157,6 +163,8 @@ class Runtime:
         self._release_earlier_attempts()
         options = self.cfg.training.state_storage_options
         futures = []
+        # a sharded agent's ranks form their world (each builds its shards of the trainer) while this serves it
+        rendezvous = group.Rendezvous(self.client.scheduler.address) if self._sharded() else None
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
             trainer_args = (self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens)
@@ -169,12 +177,17 @@ class Runtime:
                     futures.append(submit_on(self.client, worker, replica.restart_replica, self.key(agent),
                                              model_dir, version, self.cfg.rollout, snapshots.weights_uri(snapshot),
                                              options, spec.adapter))
-            if snapshot is None:
-                futures.append(submit_on(self.client, self.trainers[agent], slot.start_trainer, self.key(agent),
-                                         model_dir, *trainer_args, version))
-            else:
-                futures.append(submit_on(self.client, self.trainers[agent], snapshots.restore_trainer,
-                                         self.key(agent), model_dir, *trainer_args, snapshot, version, options))
+            ranks, world = (self.trainers[agent],), None
+            if rendezvous is not None and agent in self._sharded():
+                ranks = sharded_ranks(self.slots, self.cfg.trainer_config(agent).max_slots)
+                world = group.TrainerGroup(f"{self.key(agent)}/start", ranks, rendezvous.address, self.timeout_s)
+            for worker in ranks:
+                if snapshot is None:
+                    futures.append(submit_on(self.client, worker, slot.start_trainer, self.key(agent),
+                                             model_dir, *trainer_args, version, world))
+                else:
+                    futures.append(submit_on(self.client, worker, snapshots.restore_trainer, self.key(agent),
+                                             model_dir, *trainer_args, snapshot, version, options, world))
         self._wait(futures, "starting the engines")
         return self.placement
 
@@ -189,6 +202,10 @@ class Runtime:
         if version == 0 or root is None:
             return snapshots.require_snapshot(root, agent, version, options)  # None, or why it cannot restart
         problem = snapshots.snapshot_problem(root, agent, version, options)
+        if problem is not None and agent in self._sharded():
+            raise snapshots.SnapshotError(
+                f"the snapshot of sharded agent {agent!r} at v{version} {problem}, and a sharded state is not "
+                "rebuilt by replay yet: restart the run from the beginning, or from a copy of its snapshot")
         if problem is not None:
             base = snapshots.newest_whole_snapshot(root, agent, version, options)
             n = version - base
@@ -265,7 +282,7 @@ def free_engines(client: Client, run_id: str, timeout_s: float) -> None:
     """Free the engines of run ``run_id`` on every worker; logs, and never raises, when it cannot."""
     try:
         # prefetch: states read ahead but never resumed; write: the record of a background state write
-        for kind in ("replica", "trainer", "prefetch", group.GROUP, snapshots.WRITES):
+        for kind in ("replica", "trainer", "prefetch", group.GROUP, snapshots.WRITES, slot.WEIGHTS):
             client.run(release, f"{kind}:{run_id}/", callback_timeout=timeout_s)
     except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
         log.warning("could not free the engines of run %s within %.0fs: %s", run_id, timeout_s, exc)

@@ -101,7 +101,8 @@ class Scheduler:
             agents=self.agents, policy=policy, slots=slots, location=location, versions=versions,
             agent_wise={a for a, shape in agents.items() if shape.agent_wise}, inflight=self.inflight,
             emit=self._emit, snapshot_every=snapshot_every, memo=memo,
-            max_slots={a: shape.max_slots for a, shape in agents.items()})
+            max_slots={a: shape.max_slots for a, shape in agents.items()},
+            sharded={a for a, shape in agents.items() if shape.sharded})
         self.recovery = RecoveryPlanner(agents=self.agents, rollout=self.rollout, training=self.training,
                                         inflight=self.inflight, emit=self._emit, touch=self.touch,
                                         balanced=balancer is not None)

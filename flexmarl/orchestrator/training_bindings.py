@@ -14,6 +14,12 @@ of the step (each goes to the rank with the fewest queued), and the optimizer st
 a collective. The group keeps its slots until then; every rank then holds the new weights, so a rank that
 trains the agent's next step too needs no copy, and the copies of ranks left out go stale and are dropped.
 
+A sharded agent (``training.sharding: full``) holds a shard of its state on each of its ranks
+(``policy.sharded_ranks``) for the whole run: it never moves, grows or shrinks, and binds all its ranks for each
+step (while some are taken, the free ones wait for it). Every rank trains each micro-batch together, one
+micro-batch at a time (``Train`` per rank), so the ranks' collectives run in one order; the optimizer step and
+the snapshot are one job per rank too.
+
 ``TrainingBindings`` is part of ``Scheduler`` (``scheduler.py``), which reports commits, finished jobs and
 recorded updates; recovery (``recovery.py``) loses and restores trainers through the named operations below.
 Commands go out through the scheduler's ``emit``. An agent's training work changes only with its own state (or
@@ -29,7 +35,7 @@ from flexmarl.orchestrator.commands import (
     BLOCKING, Commit, Discard, Finish, InFlight, JobKind, Join, MicroBatch, MoveState, Park, Prefetch, RecordUpdate,
     Snapshot, StoredBatch, Train,
 )
-from flexmarl.orchestrator.policy import SchedulePolicy
+from flexmarl.orchestrator.policy import SchedulePolicy, sharded_ranks
 
 
 class TrainingBindings:
@@ -48,12 +54,13 @@ class TrainingBindings:
             last), before it is recorded; 0: never.
         memo: keep the memo of each agent's training work (see the module docstring).
         max_slots: per agent, the most slots its trainer group may span (1 when not named).
+        sharded: the agents whose trainer is sharded over their ranks.
     """
 
     def __init__(self, *, agents: Sequence[str], policy: SchedulePolicy, slots: Sequence[str],
                  location: dict[str, str], versions: dict[str, int], agent_wise: set[str], inflight: InFlight,
                  emit: Callable[[object], None], snapshot_every: int = 0, memo: bool = True,
-                 max_slots: dict[str, int] | None = None) -> None:
+                 max_slots: dict[str, int] | None = None, sharded: set[str] | None = None) -> None:
         self.agents, self.policy, self.inflight, self.emit = list(agents), policy, inflight, emit
         self.agent_wise = agent_wise
         self.snapshot_every, self.memo = snapshot_every, memo
@@ -61,6 +68,7 @@ class TrainingBindings:
         self.location = dict(location)
         self.versions = dict(versions)
         self.max_slots = {a: (max_slots or {}).get(a, 1) for a in self.agents}
+        self.sharded = set(sharded or ())
         self.bound: dict[str, tuple[str, ...]] = {}  # agent -> its group's slots for its current step, home first
         self.copies: dict[str, dict[str, int]] = {a: {} for a in self.agents}  # other workers' trainers: version
         self.joining: dict[str, set[str]] = {a: set() for a in self.agents}  # ranks loading the state (``Join``)
@@ -125,6 +133,13 @@ class TrainingBindings:
         while free and waiting:
             agent = self.policy.pick_agent({a: w[0] for a, w in waiting.items()})
             _, mb = waiting.pop(agent)
+            if agent in self.sharded:
+                ranks = self.ranks(agent)
+                if set(ranks) <= set(free):
+                    self.bound[agent] = ranks
+                    self._run_training(agent, mb)
+                free = [w for w in free if w not in ranks]  # bound, or kept for it until the others free
+                continue
             fresh = self._fresh(agent)
             target = self.policy.pick_slot(free, self.prefetched.get(agent), self.location[agent], *fresh)
             free.remove(target)
@@ -136,10 +151,15 @@ class TrainingBindings:
                 self._run_training(agent, mb)
             else:
                 self._move_state(agent, target)
+        waiting = {a: w for a, w in waiting.items() if a not in self.sharded}  # its state never moves
         if waiting:
             self._prefetch_states(waiting)
         else:
             self._grow(free)
+
+    def ranks(self, agent: str) -> tuple[str, ...]:
+        """The slots a sharded agent's trainer spans (its home first)."""
+        return sharded_ranks(self.slots, self.max_slots[agent])
 
     def _fresh(self, agent: str) -> list[str]:
         """Workers besides the agent's home whose trainer copy is at its version (and not in a step)."""
@@ -156,7 +176,7 @@ class TrainingBindings:
         """No agent waits for a slot: give idle slots to the bound agents with the most of their step unsent
         (``SchedulePolicy.grows``), one slot per agent per turn."""
         unsent = {a: sum(not m.submitted for m in self.micro.get((a, self.versions[a]), []))
-                  for a, members in self.bound.items() if members and not self.blocked[a]}
+                  for a, members in self.bound.items() if members and not self.blocked[a] and a not in self.sharded}
         for agent in sorted(unsent, key=lambda a: (-unsent[a], a)):
             members = self.bound[agent]
             fresh = [w for w in self._fresh(agent) if w in free]
@@ -239,6 +259,13 @@ class TrainingBindings:
         optimizer step (None) to every rank."""
         self._work_stale.add(agent)
         members = self.bound[agent]
+        if mb is not None and agent in self.sharded:
+            if not any(self.on_rank[agent].values()):  # one at a time: every rank's collectives in one order
+                mb.submitted = True
+                for worker in members:
+                    self.on_rank[agent][worker] = 1
+                    self.emit(Train(agent, worker, mb))
+            return
         if mb is not None:
             queued = self.on_rank[agent]
             worker = min((w for w in members if w not in self.joining[agent]), key=lambda w: queued.get(w, 0))
@@ -270,8 +297,9 @@ class TrainingBindings:
     # ------------------------------------------------------------------ what finished
 
     def trained(self, job: Train) -> None:
-        job.batch.trained = True
         self.on_rank[job.agent][job.worker] -= 1
+        # a sharded agent's micro-batch is trained once every rank has trained its part
+        job.batch.trained = job.agent not in self.sharded or not any(self.on_rank[job.agent].values())
         self._work_stale.add(job.agent)
 
     def joined(self, job: Join) -> None:
@@ -304,13 +332,17 @@ class TrainingBindings:
         if self.snapshot_every and (version % self.snapshot_every == 0 or version == self.policy.steps):
             # copied before the update is recorded; other versions are rebuilt from it by replay when needed. The
             # last is written before the run may end; the others are written while the worker works on
-            self.emit(Snapshot(job.agent, self.location[job.agent], job.step,
-                               background=version != self.policy.steps))
+            if agent in self.sharded:  # each rank writes its shards, together
+                for worker in self.ranks(agent):
+                    self.emit(Snapshot(agent, worker, job.step))
+            else:
+                self.emit(Snapshot(agent, self.location[agent], job.step, background=version != self.policy.steps))
         else:
             self.emit(RecordUpdate(job.agent, job.step))
 
     def snapshot_written(self, job: Snapshot) -> None:
-        self.emit(RecordUpdate(job.agent, job.step))
+        if not self.inflight.of(job.agent, JobKind.SNAPSHOT):  # every rank's part of a sharded agent's is written
+            self.emit(RecordUpdate(job.agent, job.step))
 
     def updated(self, agent: str, step: int, version: int, syncs: int) -> list[MicroBatch]:
         """The update of ``step`` is recorded at ``version``; ``syncs`` weight syncs carry it to the engines.

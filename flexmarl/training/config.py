@@ -102,8 +102,9 @@ class TrainerConfig(Strict):
     sharding: Literal["none", "optimizer", "full"] = "none"
     """How a trainer group's ranks divide the agent's state: 'none' (data parallel: each rank a whole copy);
     'full' (FSDP2 ``fully_shard``: each rank holds 1/k of the weights, gradients and Adam moments, and every rank
-    trains its part of each micro-batch). The trainer is built (``sharding.py``), but the pipeline does not
-    dispatch a sharded group's micro-batches yet, so a run refuses 'full'. 'optimizer' (ZeRO-1) is not built."""
+    trains its part of each micro-batch): the agent's trainer spans the first ``max_slots`` training slots for
+    the whole run, each of its steps binding them all; one sharded agent per run, not an adapter agent, and a
+    lost rank fails the run (resume it from the store). 'optimizer' (ZeRO-1) is not built."""
 
     adapter: AdapterConfig | None = None
     """Set from ``agents.<name>.adapter`` (the one place to write it): train a LoRA adapter, not the whole model."""

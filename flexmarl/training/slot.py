@@ -68,6 +68,21 @@ def _key(key: EngineKey | str) -> str:
     return f"trainer:{key}"
 
 
+WEIGHTS = "weights"  # the registry's kind of a sharded trainer's whole weights, gathered onto its home
+
+
+def _weights_key(key: EngineKey) -> str:
+    return f"{WEIGHTS}:{key}"
+
+
+def gather_weights(key: EngineKey) -> None:
+    """Gather a sharded trainer's whole weights onto its home (rank 0), kept there for the weight syncs and the
+    checkpoint; every rank calls it at once, within the job that changed the weights, so that no other
+    collective of the ranks comes between (a sync's fetch then needs only the home)."""
+    held = trainer(key)
+    engines()[_weights_key(key)] = held.weights()  # rank 0: the whole weights; the others: {}
+
+
 def _prefetch_key(key: EngineKey) -> str:
     return f"prefetch:{key}"
 
@@ -102,6 +117,8 @@ def start_trainer(
 ) -> str:
     if _key(key) not in engines():
         install(key, build_trainer(key, model_dir, config, temperature, max_new_tokens, version, group))
+        if config.sharding == "full":
+            gather_weights(key)
     return worker_address()
 
 
@@ -154,6 +171,7 @@ def drop_trainer(key: EngineKey) -> bool:
     if registry.get("slot:on-device") == key:
         del registry["slot:on-device"]
     dropped = registry.pop(_key(key), None)
+    registry.pop(_weights_key(key), None)
     drop_group(key)
     if dropped is not None:
         dropped.close()
@@ -212,6 +230,8 @@ def resume(
         fresh.close()
         raise RuntimeError(f"the state of {key.agent!r} at {location} is at v{fresh.version}, expected v{version}")
     install(key, fresh)
+    if fresh.mesh is not None:
+        gather_weights(key)
     return StateResumed(worker_address(), load_s, prefetched)
 
 
@@ -239,7 +259,9 @@ def finish_step(key: EngineKey, group: TrainerGroup | None = None) -> UpdateResu
     activate(key)
     held = trainer(key)
     if held.mesh is not None:
-        return held.finish_step(reduce=world_all_reduce)
+        result = held.finish_step(reduce=world_all_reduce)
+        gather_weights(key)
+        return result
     if group is None:
         return held.finish_step()
     pg = process_group(key, group)
@@ -247,12 +269,19 @@ def finish_step(key: EngineKey, group: TrainerGroup | None = None) -> UpdateResu
 
 
 def weights(key: EngineKey) -> dict[str, torch.Tensor]:
-    return trainer(key).weights()
+    """The trainer's weights, on the CPU; a sharded trainer's as its home gathered them after its last change."""
+    held = trainer(key)
+    if held.mesh is not None:
+        return engines().lookup(_weights_key(key), f"no gathered weights of {str(key)!r} on {worker_address()}: "
+                                                    "a sharded trainer's weights are on its home (rank 0)")
+    return held.weights()
 
 
 def save_checkpoint(key: EngineKey, out_dir: str, tokenizer_dir: str) -> str:
-    """Save the agent's weights and its tokenizer as a loadable Hugging Face directory."""
-    out = trainer(key).save(out_dir)
+    """Save the agent's weights and its tokenizer as a loadable Hugging Face directory (a sharded trainer's, as
+    its home gathered them)."""
+    held = trainer(key)
+    out = held.save(out_dir, weights(key) if held.mesh is not None else None)
     for f in Path(tokenizer_dir).glob("*"):
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
             shutil.copy(f, out / f.name)

@@ -37,6 +37,7 @@ from safetensors.torch import load as load_tensors
 from flexmarl.cluster.worker_state import EngineKey, engines, worker_address
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
+from flexmarl.training.group import TrainerGroup
 from flexmarl.training.state import DEVICE, META, WEIGHTS, HostCopy, TrainingState, state_problem
 
 SNAPSHOTS = "by-version"  # under the run's state location
@@ -148,7 +149,7 @@ def save_snapshot(key: EngineKey, root: str, version: int, storage_options: dict
     if trainer.version != version:
         raise RuntimeError(f"trainer {str(key)!r} is at v{trainer.version}, not v{version}: refusing to snapshot it")
     uri = snapshot_uri(root, trainer.agent, version)
-    if not background:
+    if not background or trainer.mesh is not None:  # a sharded trainer's ranks write their shards together
         return TrainingState.of(trainer).to(uri, storage_options=storage_options).stored_bytes
     copy = HostCopy.capture(trainer)
     lock = version_lock(root, trainer.agent, version, storage_options)
@@ -182,21 +183,24 @@ def wait_for_write(key: EngineKey) -> None:
 
 def restore_trainer(
     key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int,
-    snapshot: str | None, version: int, storage_options: dict,
+    snapshot: str | None, version: int, storage_options: dict, group: TrainerGroup | None = None,
 ) -> str:
     """Build ``key``'s trainer afresh on this worker (replacing any it holds) from its snapshot of ``version``,
-    or from ``model_dir`` at version 0. Returns the worker's address.
+    or from ``model_dir`` at version 0. Returns the worker's address. A sharded agent's ranks of ``group`` all
+    call this at once.
 
     A fresh trainer holds no accumulated gradient: the step it was in is trained again from its start.
     """
     agent = key.agent
-    trainer = slot.build_trainer(key, model_dir, config, temperature, max_new_tokens)
+    trainer = slot.build_trainer(key, model_dir, config, temperature, max_new_tokens, group=group)
     if snapshot is not None:
         TrainingState.at(agent, snapshot, storage_options=storage_options).to(DEVICE, trainer=trainer)
     if trainer.version != version:
         trainer.close()
         raise SnapshotError(f"the snapshot {snapshot} of agent {agent!r} holds v{trainer.version}, not v{version}")
     slot.install(key, trainer)  # replacing a trainer left over from before the fault
+    if trainer.mesh is not None:
+        slot.gather_weights(key)
     return worker_address()
 
 

@@ -385,7 +385,10 @@ def _write_sharded(trainer, uri: str) -> int:
         root.mkdir(parents=True, exist_ok=True)
         (root / META).unlink(missing_ok=True)
     sharding.save(trainer.model, trainer.optimizer, str(root / sharding.SHARDS))  # returns once the index is
+    weights = trainer.weights()  # whole on rank 0, for a rollout engine that loads this state's weights
     if sharding.rank() == 0:
+        # each name its own copy: safetensors refuses tensors that share memory (tied embeddings)
+        save_file({k: v.clone() for k, v in weights.items()}, str(root / WEIGHTS))
         meta = {"format": FORMAT, "agent": trainer.agent, "version": trainer.version, "ranks": trainer.ranks,
                 "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
                 "rng": {"cpu": torch.get_rng_state().tolist()}}

@@ -533,16 +533,17 @@ class AgentTrainer:
         if self.host is not None:
             self.host.remove(self.adapter)
 
-    def save(self, out_dir: str | Path) -> Path:
+    def save(self, out_dir: str | Path, weights: dict[str, torch.Tensor] | None = None) -> Path:
         """Save the weights as a Hugging Face directory, or an adapter agent's adapter in peft's format (no
-        tokenizer: the caller copies it)."""
+        tokenizer: the caller copies it). A sharded trainer saves the whole ``weights`` it is given (gathered by
+        ``weights()`` on rank 0)."""
         out = Path(out_dir)
         if self.host is not None:
             return self.host.save(self.adapter, out)
-        if self.mesh is not None:  # every rank gathers; rank 0 writes
-            weights = full_weights(self.model)
-            if weights:
-                self.model.save_pretrained(out, state_dict=weights)
+        if self.mesh is not None:
+            if weights is None:
+                raise ValueError(f"agent {self.agent!r}: a sharded trainer saves the whole weights it is given")
+            self.model.save_pretrained(out, state_dict=weights)
             return out
         self.accelerator.unwrap_model(self.model).save_pretrained(out)
         return out

@@ -84,3 +84,21 @@ def test_drift_measures_the_difference_against_the_move() -> None:
     assert weight_drift(moved, {"a": {"w": torch.tensor([1.0, 1.0, 1.0, 1.02])}}, start) == pytest.approx(0.01)
     assert weight_drift(start, start, start) == 0.0
     assert weight_drift(start, moved, start) == float("inf")  # an agent that did not move must be equal
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["flexmarl", "sync"])
+def test_a_sharded_agent_trains_in_the_pipeline_the_weights_of_the_plain_synchronous_loop(tmp_path: Path,
+                                                                                        mode) -> None:
+    """The solver's state sharded over both slots (FSDP2 over two worker processes: each rank trains its part of
+    every micro-batch), the verifier on one: both end with the single-trainer loop's weights, and the run's
+    final checkpoint is the solver's whole model."""
+    cfg = load_config(preset="tiny", overrides=["run.steps=2", "run.queries_per_step=8", "training.micro_batch_size=4",
+                                                *MODES[mode], "agents.solver.training.sharding=full",
+                                                "agents.solver.training.max_slots=2", "run.seed=3"])
+    with open_cluster(ClusterConfig(n_workers=2)) as address:
+        result, pipelined = run_mode(cfg, tmp_path / "run", address)
+    assert [u.metrics["ranks_trained"] for u in result.updates if u.agent == "solver"] == [2.0, 2.0]
+    reference, start = reference_run(cfg), initial_weights(cfg)
+    assert weight_drift(reference, pipelined, start) <= DRIFT_TOLERANCE
+    assert max_diff({"solver": start["solver"]}, {"solver": reference["solver"]}) > 1e-3

@@ -23,10 +23,11 @@ AGENTS = ["planner", "solver", "judge"]
 def make(mode: str = "flexmarl", *, steps: int = 2, staleness: int = 0, pipeline: bool = True, queries: int = 4,
          group: int = 2, micro: int = 2, slots=("t0", "t1"), rollout=("r0", "r1"), per_worker: int = 2,
          balance: bool = False, agent_wise=(), versions=None, snapshot_every: int = 0, batch_limit: int = 16,
-         location=None, micro_batch_generation: bool = False, max_slots: int = 1, grow_at: int = 2) -> Scheduler:
+         location=None, micro_batch_generation: bool = False, max_slots: int = 1, grow_at: int = 2,
+         sharded=()) -> Scheduler:
     policy = SchedulePolicy(mode=mode, steps=steps, pipeline=pipeline, max_staleness={a: staleness for a in AGENTS},
                             micro_batch_generation=micro_batch_generation, grow_at=grow_at)
-    shapes = {a: AgentShape(micro, 8, batch_limit, a in agent_wise, max_slots) for a in AGENTS}
+    shapes = {a: AgentShape(micro, 8, batch_limit, a in agent_wise, max_slots, a in sharded) for a in AGENTS}
     replicas = [(w, AGENTS[i % 3]) for i, w in enumerate([w for _ in range(per_worker) for w in rollout])]
     return Scheduler(
         policy=policy, graph=GRAPH, agents=shapes, queries_per_step=queries, group_size=group,

@@ -126,3 +126,38 @@ def test_a_formation_used_again_finds_every_rank_still_holding_its_process_group
                 assert held.get((c.agent, c.worker)) == c.formation, (c.agent, c.step, c.worker, c.formation)
             held[(c.agent, c.worker)] = c.formation
     assert first
+
+
+@pytest.mark.parametrize("mode", ["flexmarl", "sync"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_sharded_agent_binds_all_its_ranks_and_each_collective_runs_on_every_rank_one_at_a_time(
+        scheduler, script, mode, seed) -> None:
+    import random
+
+    from flexmarl.orchestrator.commands import MoveState, Prefetch, Snapshot
+
+    s = script(scheduler(mode, steps=3, queries=8, slots=("t0", "t1", "t2"), max_slots=2, sharded=("solver",),
+                         snapshot_every=1, location={"planner": "t1", "solver": "t0", "judge": "t2"}))
+    rng = random.Random(seed)
+    for _ in range(100_000):
+        s.turn()
+        solver = [j for j in s.running if j.agent == "solver" and j.kind in (JobKind.TRAIN, JobKind.FINISH,
+                                                                            JobKind.SNAPSHOT)]
+        # the ranks' collectives in one order: one kind of job, one micro-batch, at a time, on both ranks
+        assert len({(j.kind, getattr(j, "batch", None) and j.batch.index) for j in solver}) <= 1
+        if any(j.kind is JobKind.TRAIN for j in solver):
+            assert set(s.s.training.bound["solver"]) == {"t0", "t1"}
+        taken = [w for members in s.s.training.bound.values() for w in members]
+        assert len(taken) == len(set(taken))  # no slot bound twice
+        if not s.running:
+            break
+        s.finish(rng.choice(s.running))
+    assert s.s.versions == {a: 3 for a in AGENTS}
+    assert sorted(s.trained) == sorted([(a, st, i) for a in AGENTS for st in range(3) for i in range(8)]
+                                       + [("solver", st, i) for st in range(3) for i in range(8)])  # twice: a rank each
+    for kind in (Train, Finish, Snapshot):
+        jobs = [c for c in s.log if isinstance(c, kind) and c.agent == "solver"]
+        assert jobs and {c.worker for c in jobs} == {"t0", "t1"}
+        assert sorted(c.worker for c in jobs).count("t0") == len(jobs) // 2
+    assert not [c for c in s.log if isinstance(c, (Park, MoveState, Join, Prefetch)) and c.agent == "solver"]
+    assert not [c for c in s.log if isinstance(c, Snapshot) and c.agent == "solver" and c.background]

@@ -154,6 +154,10 @@ class RunConfig(MEGSpec):
             raise ValueError(f"agents {', '.join(sharded)} are all sharded (training.sharding='full'): one sharded "
                              "agent per run is built (their ranks would share one process group per worker); "
                              "shard one and give the others 'none' (per agent: agents.<name>.training.sharding)")
+        if sharded and self.run.snapshot_every > 1:
+            raise ValueError(f"run.snapshot_every={self.run.snapshot_every} with agent {sharded[0]!r} sharded: a lost "
+                             "rank rebuilds a sharded trainer from its snapshot of the step's start, and a sharded "
+                             "state is not rebuilt by replay yet; use run.snapshot_every=1")
         for agent in sharded:
             if self.agents[agent].adapter is not None:
                 raise ValueError(f"agents.{agent}: an adapter agent's trainer is not sharded (its state is small); "

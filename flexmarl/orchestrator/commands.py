@@ -165,10 +165,14 @@ class Join(Job):
 
 @dataclass(frozen=True, eq=False)
 class Restore(Job):
-    """Rebuild a lost trainer on ``worker`` from the agent's snapshot of ``version``."""
+    """Rebuild a lost trainer on ``worker`` from the agent's snapshot of ``version``. A sharded agent's is one
+    such job per rank of ``members`` (its new ranks, home first), which form their world as formation
+    ``formation``."""
 
     kind: ClassVar[JobKind] = JobKind.RESTORE
     version: int
+    members: tuple[str, ...] = ()
+    formation: int = 0
 
 
 @dataclass(frozen=True, eq=False)

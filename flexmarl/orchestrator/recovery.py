@@ -97,6 +97,8 @@ class RecoveryPlanner:
                 self.training.lost_sync(job.agent)
             elif job.kind in ON_TRAINER:  # these run where the trainer lives
                 lost_trainers.add(job.agent)
+            elif job.kind is JobKind.RESTORE and job.agent in self.training.sharded:  # its other ranks wait for it
+                lost_trainers.add(job.agent)
         self.training.lose_workers(lost)
         self.lost_replicas.update(self.rollout.lose_workers(lost))
         for worker in lost:
@@ -128,6 +130,15 @@ class RecoveryPlanner:
                 acted = True
         for agent, version in sorted(self.restores.items()):
             if self.inflight.of(agent, JobKind.RESTORE):
+                continue
+            if agent in self.training.sharded:  # every new rank rebuilds its shards, together
+                ranks = self.training.rebuild_ranks(agent, set(training))
+                if ranks is None:
+                    continue
+                formation = self.training.next_formation()
+                for worker in ranks:
+                    self.emit(Restore(agent, worker, version, ranks, formation))
+                acted = True
                 continue
             target = self._pick_slot(set(training))
             if target is None:
@@ -210,6 +221,8 @@ class RecoveryPlanner:
         """A rebuild finished: a trainer restored, an engine started (``value``: nothing) or caught up
         (``value``: its ``WeightsLoaded``)."""
         agent = job.agent
+        if job.kind is JobKind.RESTORE and self.inflight.of(agent, JobKind.RESTORE):
+            return  # a sharded agent's other ranks still rebuild theirs
         if job.kind is JobKind.RESTORE:
             self.training.restored(agent, job.worker)
             del self.restores[agent]

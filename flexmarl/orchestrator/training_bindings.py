@@ -69,6 +69,8 @@ class TrainingBindings:
         self.versions = dict(versions)
         self.max_slots = {a: (max_slots or {}).get(a, 1) for a in self.agents}
         self.sharded = set(sharded or ())
+        # a sharded agent's ranks: fixed from the start until a lost rank makes it rebuild (``rebuild_ranks``)
+        self.shard_ranks = {a: sharded_ranks(self.slots, self.max_slots[a]) for a in self.sharded}
         self.bound: dict[str, tuple[str, ...]] = {}  # agent -> its group's slots for its current step, home first
         self.copies: dict[str, dict[str, int]] = {a: {} for a in self.agents}  # other workers' trainers: version
         self.joining: dict[str, set[str]] = {a: set() for a in self.agents}  # ranks loading the state (``Join``)
@@ -159,7 +161,21 @@ class TrainingBindings:
 
     def ranks(self, agent: str) -> tuple[str, ...]:
         """The slots a sharded agent's trainer spans (its home first)."""
-        return sharded_ranks(self.slots, self.max_slots[agent])
+        return self.shard_ranks[agent]
+
+    def rebuild_ranks(self, agent: str, live: set[str]) -> tuple[str, ...] | None:
+        """A sharded agent's ranks for the rebuild of its trainer, from the ``live`` slots; None until there are
+        enough (a lost worker's replacement is not a slot yet)."""
+        slots = [w for w in self.slots if w in live]
+        if len(slots) < self.max_slots[agent]:
+            return None
+        self.shard_ranks[agent] = sharded_ranks(slots, self.max_slots[agent])
+        return self.shard_ranks[agent]
+
+    def next_formation(self) -> int:
+        """A number no formation of a group or world has had in this run."""
+        self._formed += 1
+        return self._formed
 
     def _fresh(self, agent: str) -> list[str]:
         """Workers besides the agent's home whose trainer copy is at its version (and not in a step)."""
@@ -278,8 +294,7 @@ class TrainingBindings:
             self.emit(Finish(agent, members[0], self.versions[agent]))
             return
         if self.formations.get(agent, ((), 0))[0] != members:
-            self._formed += 1
-            self.formations[agent] = (members, self._formed)
+            self.formations[agent] = (members, self.next_formation())
         for worker in members:
             self.emit(Finish(agent, worker, self.versions[agent], members, self.formations[agent][1]))
 
@@ -388,8 +403,10 @@ class TrainingBindings:
 
     def groups_hit(self, lost: set[str]) -> set[str]:
         """The agents whose trainer group for the current step has a rank on a ``lost`` worker: the step's
-        gradient sum is spread over the ranks, so the whole step is redone, as for a lost home."""
-        return {a for a, members in self.bound.items() if set(members) & lost}
+        gradient sum is spread over the ranks, so the whole step is redone, as for a lost home. A sharded agent's
+        trainer is hit whenever one of its ranks is: its state is spread over them."""
+        return ({a for a, members in self.bound.items() if set(members) & lost}
+                | {a for a, ranks in self.shard_ranks.items() if set(ranks) & lost})
 
     def lose_workers(self, lost: set[str]) -> None:
         """Forget ``lost`` slots, the trainer copies and what was prefetched there; a move to one is given up (the
@@ -416,6 +433,8 @@ class TrainingBindings:
         self.joining[agent].clear()
         self.formations.pop(agent, None)
         live = sorted(self.copies[agent]) + ([self.location[agent]] if self.location[agent] not in lost else [])
+        if agent in self.sharded:  # the other ranks' shards: their world lost a member
+            live += [w for w in self.shard_ranks[agent][1:] if w not in lost]
         for worker in live:  # mid-step, or past the version the store records
             self.emit(Discard(agent, worker, trainer=True))
         self.copies[agent].clear()
@@ -439,7 +458,7 @@ class TrainingBindings:
         self.slots = sorted([*self.slots, worker])
 
     def restored(self, agent: str, worker: str) -> None:
-        self.location[agent] = worker
+        self.location[agent] = self.shard_ranks[agent][0] if agent in self.sharded else worker
 
     def resync(self, agent: str, behind: Sequence[str]) -> None:
         """The rebuilt trainer's version must reach the engines ``behind`` (from its snapshot); unblocked once

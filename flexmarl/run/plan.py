@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from flexmarl.cluster.local import connect
@@ -42,8 +43,8 @@ from flexmarl.run_start import check_resumable, never_committed
 from flexmarl.tracking.tracker import check_tracking
 
 # What a resumed run may change: where and how patiently it runs, and how far. The rest made its samples.
-RESUMABLE = ("cluster.", "rollout.request_timeout_s", "rollout.sync_timeout_s", "run.steps",
-             "run.save_checkpoints", "training.max_slots")
+RESUMABLE = ("cluster.*", "rollout.request_timeout_s", "rollout.sync_timeout_s", "run.steps",
+             "run.save_checkpoints", "training.max_slots", "agents.*.training.max_slots")
 
 
 class RunDirError(RuntimeError):
@@ -212,9 +213,9 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConf
     stored, cfg = load_config(path), load_config(path, overrides=overrides)
     before, after = dotted_values(stored), dotted_values(cfg)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    refused = [k for k in changed if not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]
+    refused = [k for k in changed if not any(fnmatchcase(k, r) for r in RESUMABLE)]
     if refused:
-        allowed = ", ".join(r + "*" if r.endswith(".") else r for r in RESUMABLE)
+        allowed = ", ".join(RESUMABLE)
         raise ConfigError(
             f"cannot change {', '.join(refused)} when resuming: the samples in the store were made under the "
             f"run's own settings. A resumed run may change only {allowed}"

@@ -4,11 +4,12 @@ rebuilt from its snapshot, the step redone from the store, and the weights equal
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from flexmarl.bench.chaos_bench import RankFault, train
+from flexmarl.bench.chaos_bench import RankFault, WorkerFault, train
 from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.reference import initial_weights, reference_run
@@ -63,3 +64,48 @@ def test_a_run_resumed_at_another_group_size_continues_exactly(tmp_path: Path, a
 def moved(cfg, weights: dict, agent: str) -> bool:
     start = initial_weights(cfg)[agent]
     return max(float((weights[agent][k] - start[k]).abs().max()) for k in start) > 1e-4
+
+
+SHARDED = ["run.queries_per_step=8", "training.micro_batch_size=4", "agents.solver.training.sharding=full",
+           "agents.solver.training.max_slots=2", "run.snapshot_every=1"]
+
+
+@dataclass
+class ShardFault(WorkerFault):
+    """Kill the worker of the ``nth`` job of ``task_kind`` that ``agent`` sends (a rank of a sharded trainer)."""
+
+    agent: str = "solver"
+
+    def __call__(self, kind: str, agent: str, worker: str) -> None:
+        if agent == self.agent:
+            super().__call__(kind, agent, worker)
+
+
+@pytest.mark.parametrize("task_kind,nth", [("train", 5), ("finish", 2)])
+def test_a_rank_of_a_sharded_trainer_killed_mid_step_is_rebuilt_and_the_weights_equal_the_plain_loop(
+    tmp_path: Path, address: str, tiny_config, task_kind: str, nth: int
+) -> None:
+    """The solver's state sharded over both workers; one of them is killed while its rank trains a micro-batch
+    (the other's collective fails), or takes its part of the optimizer step: its ranks are formed again with the
+    nanny's replacement, each rebuilds its shards from the snapshot of the step's start, the step is redone from
+    the store, and the weights equal the plain loop's."""
+    cfg = tiny_config(*SHARDED)
+    fault = ShardFault(None, task_kind, nth=nth)
+    result, weights, trainers = run_with_fault(cfg, tmp_path / "run", address, fault)
+    recovery_of(result, fault.worker)
+    assert fault.worker not in trainers.values()
+    assert all(u.metrics["ranks_trained"] == 2 for u in result.updates if u.agent == "solver")
+    check_exact(tmp_path / "run", cfg, weights, reference_run(cfg))
+
+
+def test_a_sharded_run_resumed_at_another_number_of_ranks_continues_exactly(tmp_path: Path, address: str,
+                                                                           tiny_config) -> None:
+    """Saved sharded over two ranks, resumed over one (its distributed checkpoint resharded), exactly."""
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(*SHARDED)
+    train(cfg, run_dir, address)
+    resumed = resume_config(run_dir, ["run.steps=4", "agents.solver.training.max_slots=1"])
+    result, weights = train(resumed, run_dir, address, resume=True)
+    assert min(u.step for u in result.updates) == 2
+    assert {u.metrics.get("ranks", 1.0) for u in result.updates if u.agent == "solver"} == {1.0}
+    check_exact(run_dir, resumed, weights, reference_run(resumed))

@@ -11,9 +11,9 @@ twice (replica and trainer); adapter agents share one base for the replicas and 
 from __future__ import annotations
 
 import multiprocessing
-import resource
 from collections.abc import Callable, Sequence
 
+from flexmarl.bench.memory import peak_rss_bytes
 from flexmarl.models.adapter_config import AdapterConfig
 
 KINDS = ("full", "lora")
@@ -54,8 +54,7 @@ def _one_worker(model: str, agents: int, kind: str, adapter: dict) -> dict:
         sync.append(tensor_bytes(weights))
         swap.append(HostCopy.capture(trainer).nbytes)
         engines.append((replica, trainer))
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return {"kind": kind, "agents": agents, "peak_rss_bytes": peak_kib * 1024, "sync_bytes_per_update": max(sync),
+    return {"kind": kind, "agents": agents, "peak_rss_bytes": peak_rss_bytes(), "sync_bytes_per_update": max(sync),
             "swap_bytes": max(swap)}
 
 

@@ -17,15 +17,14 @@ bytes and peak memory against one rank's, and the distributed checkpoint's park,
 
 from __future__ import annotations
 
-import resource
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import fsspec
-import psutil
 import torch
 
+from flexmarl.bench.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 from flexmarl.bench.timing import timed
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.cluster.worker_state import EngineKey, register
@@ -124,20 +123,20 @@ def bench_swap(models: Sequence[str], log: Callable[[str], None] = print, adapte
 SHARDED_LEGS = ("park", "resume", "reshard_to_one", "reshard_back")
 
 
-def _rss_bytes() -> int:
-    return psutil.Process().memory_info().rss
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
 def _train_once(key: EngineKey, batch: TrainBatch) -> int:
     """One micro-batch and the optimizer step of this rank's trainer (so that the Adam moments exist)."""
     held = slot.trainer(key)
     held.accumulate(batch)
     held.finish_step(reduce=world_all_reduce)
-    return _peak_rss_bytes()
+    return peak_rss_bytes()
+
+
+def _start(key: EngineKey, *args) -> int:
+    """Build this rank's trainer; returns what the process held before (its peak counted from then)."""
+    before = rss_bytes()
+    reset_peak_rss()
+    slot.start_trainer(key, *args)
+    return before
 
 
 def _held(key: EngineKey) -> tuple[int, dict[str, torch.Tensor]]:
@@ -186,8 +185,7 @@ def bench_sharded(model: str, ranks: int = 2, log: Callable[[str], None] = print
             return TrainerGroup(name, who, rendezvous.address, 600.0)
 
         log(f"sharded swap benchmark: {model} over {ranks} ranks")
-        base = on(members, client, _rss_bytes)
-        on(members, client, slot.start_trainer, key, model_dir, config, 1.0, 8, 0, group("b.1", members))
+        base = on(members, client, _start, key, model_dir, config, 1.0, 8, 0, group("b.1", members))
         peaks = on(members, client, _train_once, key, batch)
         held = on(members, client, _held, key)
         trained = held[0][1]
@@ -201,13 +199,12 @@ def bench_sharded(model: str, ranks: int = 2, log: Callable[[str], None] = print
         with cluster(1) as one, Client(one) as single:
             register(single)
             alone = tuple(single.scheduler_info(n_workers=-1)["workers"])
-            base_one = on(alone, single, _rss_bytes)[0]
             result["reshard_to_one_s"] = timed(lambda: on(alone, single, slot.resume, key, model_dir, config, 1.0, 8,
                                                           f"{tmp}/k", 1, None, group("b.3", alone)))
             exact.append(_same(on(alone, single, _held, key)[0][1], trained))
             on(alone, single, slot.park, key, f"{tmp}/one", {})
             on(alone, single, slot.drop_trainer, key)
-            on(alone, single, slot.start_trainer, key, model_dir, config, 1.0, 8, 0, group("b.4", alone))
+            base_one = on(alone, single, _start, key, model_dir, config, 1.0, 8, 0, group("b.4", alone))[0]
             result["one_rank_peak_rss_over_start_bytes"] = on(alone, single, _train_once, key, batch)[0] - base_one
         result["reshard_back_s"] = timed(lambda: on(members, client, slot.resume, key, model_dir, config, 1.0, 8,
                                                     f"{tmp}/one", 1, None, group("b.5", members)))

@@ -120,12 +120,6 @@ def join_world(group: TrainerGroup) -> DeviceMesh:
     return mesh
 
 
-def world_name() -> str | None:
-    """The formation this process is a rank of, if any."""
-    held = engines().get(WORLD)
-    return held[0] if held is not None else None
-
-
 def leave_world() -> None:
     engines().pop(WORLD, None)
     if dist.is_initialized():

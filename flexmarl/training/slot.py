@@ -68,11 +68,11 @@ def _key(key: EngineKey | str) -> str:
     return f"trainer:{key}"
 
 
-WEIGHTS = "weights"  # the registry's kind of a sharded trainer's whole weights, gathered onto its home
+GATHERED = "gathered"  # the registry's kind of a sharded trainer's whole weights, gathered onto its home
 
 
-def _weights_key(key: EngineKey) -> str:
-    return f"{WEIGHTS}:{key}"
+def _gathered_key(key: EngineKey) -> str:
+    return f"{GATHERED}:{key}"
 
 
 def gather_weights(key: EngineKey) -> None:
@@ -80,7 +80,7 @@ def gather_weights(key: EngineKey) -> None:
     checkpoint; every rank calls it at once, within the job that changed the weights, so that no other
     collective of the ranks comes between (a sync's fetch then needs only the home)."""
     held = trainer(key)
-    engines()[_weights_key(key)] = held.weights()  # rank 0: the whole weights; the others: {}
+    engines()[_gathered_key(key)] = held.weights()  # rank 0: the whole weights; the others: {}
 
 
 def _prefetch_key(key: EngineKey) -> str:
@@ -171,7 +171,7 @@ def drop_trainer(key: EngineKey) -> bool:
     if registry.get("slot:on-device") == key:
         del registry["slot:on-device"]
     dropped = registry.pop(_key(key), None)
-    registry.pop(_weights_key(key), None)
+    registry.pop(_gathered_key(key), None)
     drop_group(key)
     if dropped is not None:
         dropped.close()
@@ -272,7 +272,7 @@ def weights(key: EngineKey) -> dict[str, torch.Tensor]:
     """The trainer's weights, on the CPU; a sharded trainer's as its home gathered them after its last change."""
     held = trainer(key)
     if held.mesh is not None:
-        return engines().lookup(_weights_key(key), f"no gathered weights of {str(key)!r} on {worker_address()}: "
+        return engines().lookup(_gathered_key(key), f"no gathered weights of {str(key)!r} on {worker_address()}: "
                                                     "a sharded trainer's weights are on its home (rank 0)")
     return held.weights()
 

@@ -1066,3 +1066,20 @@ def test_every_cli_error_exits_2_without_a_traceback(kind: str, tmp_path: Path) 
     new_run = tmp_path / "new-run"
     if kind != "run directory in use":  # a refused start leaves nothing behind
         assert not new_run.exists(), sorted(p.name for p in new_run.iterdir())
+
+
+def test_a_state_over_a_worker_s_limit_passes_the_preflight_once_sharded_over_enough_ranks() -> None:
+    """The tiny solver's 3.21 MiB of state is refused on one 2.86 MiB worker, and passes sharded over two (each
+    rank 2.14 MiB: half the state and the whole weights); the verifier, an adapter, is small either way."""
+    from flexmarl.config import ConfigError, load_config
+    from flexmarl.preflight import check_training_memory
+
+    small = ["cluster.memory_limit=3MB", "agents.verifier.adapter={r: 4}"]
+    with pytest.raises(ConfigError, match="agents.solver: its training state needs at least 3.21 MiB"):
+        check_training_memory(load_config(preset="tiny", overrides=small))
+    check_training_memory(load_config(preset="tiny", overrides=[*small, "agents.solver.training.sharding=full",
+                                                                "agents.solver.training.max_slots=2"]))
+    with pytest.raises(ConfigError, match="sharded over 2 ranks, needs at least 2.14 MiB on each"):
+        check_training_memory(load_config(preset="tiny", overrides=[
+            "cluster.memory_limit=2MB", "agents.verifier.adapter={r: 4}", "agents.solver.training.sharding=full",
+            "agents.solver.training.max_slots=2"]))

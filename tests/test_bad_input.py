@@ -408,10 +408,11 @@ def prefect_silent(tmp_path: Path) -> str:
         return raised(PrefectAPIError, lambda: check_api(url, timeout_s=1))
 
 
-def too_many_slots(tmp_path: Path) -> str:
+def too_many_slots(tmp_path: Path, slots: int | None = 3, sharded: dict[str, int] | None = None) -> str:
+    from flexmarl.cluster.local import ClusterError
     from flexmarl.orchestrator.runtime import training_slots
 
-    return raised(ValueError, lambda: training_slots(3, ["tcp://a:1", "tcp://b:1"]))
+    return raised(ClusterError, lambda: training_slots(slots, ["tcp://a:1", "tcp://b:1"], sharded))
 
 
 # ------------------------------------------------------------------ checked before the run (flexmarl.preflight)
@@ -668,6 +669,9 @@ CASES = [
          (r"agents.solver: an adapter agent's trainer is not sharded", r"use training.sharding='none' for it")),
     Case("optimizer-sharding", lambda t: config_error(t, overrides=("training.sharding=optimizer",)),
          (r"training.sharding: 'optimizer' \(ZeRO-1\) is not built", r"use 'none'")),
+    Case("sharded-over-more-slots", lambda t: too_many_slots(t, None, {"solver": 3}),
+         (r"agent 'solver' is sharded over training.max_slots=3 slots but only 2 training slot\(s\) exist",
+          "lower agents.solver.training.max_slots")),
     Case("too-many-slots", too_many_slots,
          (r"training.slots=3 but only 2 training worker\(s\) exist", "lower training.slots")),
     Case("dask-unreachable", dask_unreachable,
@@ -1028,6 +1032,7 @@ DURING_A_RUN = {
         "met during the run, and not a user error (exit 1); tested by killing the server",
     "worker resource nobody offers": "found when the engines are placed on the cluster, inside the flow",
     "more slots than workers": "found when the engines are placed on the cluster, inside the flow",
+    "sharded over more slots than exist": "found when the engines are placed on the cluster, inside the flow",
 }
 
 

@@ -172,7 +172,13 @@ class SchedulePolicy:
 
 def sharded_ranks(slots: Sequence[str], max_slots: int) -> tuple[str, ...]:
     """The training slots a sharded agent's trainer spans for the whole run, its home first: the first
-    ``max_slots`` in sorted order (so the driver's placement and its scheduler agree)."""
+    ``max_slots`` in sorted order (so the driver's placement and its scheduler agree).
+
+    Raises:
+        ValueError: fewer slots than ``max_slots`` (``runtime.training_slots`` refuses such a cluster first).
+    """
+    if len(slots) < max_slots:
+        raise ValueError(f"{len(slots)} slot(s) for a trainer sharded over {max_slots}")
     return tuple(sorted(slots)[:max_slots])
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from distributed import Client, TimeoutError as DaskTimeoutError
 
-from flexmarl.cluster.local import connect, place, submit_on, workers_offering
+from flexmarl.cluster.local import ClusterError, connect, place, submit_on, workers_offering
 from flexmarl.cluster.worker_state import EngineKey, release
 from flexmarl.config import RunConfig, load_config
 from flexmarl.models.loading import load_tokenizer, resolve_model
@@ -47,14 +47,22 @@ class RunContext:
     address: str  # Dask scheduler
 
 
-def training_slots(slots: int | None, train_workers: list[str]) -> list[str]:
-    """The training workers that serve as slots: the first ``slots`` of them (all when None)."""
+def training_slots(slots: int | None, train_workers: list[str], sharded: dict[str, int] | None = None) -> list[str]:
+    """The training workers that serve as slots: the first ``slots`` of them (all when None), enough for each
+    sharded agent's ranks (``sharded``: agent -> its ``training.max_slots``)."""
     if slots is not None and slots > len(train_workers):
-        raise ValueError(
+        raise ClusterError(
             f"training.slots={slots} but only {len(train_workers)} training worker(s) exist; lower training.slots "
             "(null: one slot per training worker) or start more workers"
         )
-    return train_workers[:slots]
+    chosen = train_workers[:slots]
+    for agent, span in (sharded or {}).items():
+        if span > len(chosen):
+            raise ClusterError(
+                f"agent {agent!r} is sharded over training.max_slots={span} slots but only {len(chosen)} training "
+                f"slot(s) exist; lower agents.{agent}.training.max_slots (its state then splits into fewer shards) "
+                "or start more workers")
+    return chosen
 
 
 def schedule_policy(cfg: RunConfig) -> SchedulePolicy:
@@ -119,7 +127,8 @@ class Runtime:
         # Agents start on the training slots round-robin and bind a free slot whenever they have work (M <= N
         # is fine; a slot swaps states on and off its device). Rollout replicas are dealt round-robin too; with
         # load balancing every rollout worker holds an engine of every agent so that replicas can move.
-        slots = training_slots(self.cfg.training.slots, train_workers)
+        slots = training_slots(self.cfg.training.slots, train_workers,
+                               {a: self.cfg.trainer_config(a).max_slots for a in self._sharded()})
         replicas = deal_replicas(list(self.cfg.agents), rollout_workers, self.cfg.rollout.replicas_per_worker)
         engines = {
             a: list(rollout_workers) if self.cfg.rollout.load_balance

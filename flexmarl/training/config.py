@@ -98,7 +98,8 @@ class TrainerConfig(Strict):
     whole copy of the agent's state, trains whole micro-batches of its step, and the gradient sums are
     all-reduced at the optimizer step, so every rank takes the same step). The scheduler grows an agent's
     group into idle slots while its step has work for them and no other agent waits for a slot, and frees
-    them at the step's end. 1: one slot per agent. Above ``training.slots`` is refused."""
+    them at the step's end. 1: one slot per agent. Above ``training.slots`` is refused. With ``sharding: full``,
+    exactly the number of slots the agent's state is sharded over, for the whole run."""
     sharding: Literal["none", "optimizer", "full"] = "none"
     """How a trainer group's ranks divide the agent's state: 'none' (data parallel: each rank a whole copy);
     'full' (FSDP2 ``fully_shard``: each rank holds 1/k of the weights, gradients and Adam moments, and every rank

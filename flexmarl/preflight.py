@@ -107,7 +107,7 @@ def check_training_memory(cfg: RunConfig) -> None:
         per = f"{STATE_BYTES_PER_PARAMETER}{' + 4' if kl else ''} bytes per parameter"
         what = (f"its training state needs at least {format_bytes(need)} ({per}: float32 weights and gradient, two "
                 f"AdamW moments, the float64 gradient sum{', the KL reference' if kl else ''})")
-        fix = ("or shard it over several slots (agents.{n}.training.sharding: full, with training.max_slots: the "
+        fix = (f"or shard it over several slots (agents.{name}.training.sharding: full, with training.max_slots: the "
                "number of slots; a data-parallel trainer group holds the whole state on every rank)")
         if ranks > 1:
             what = (f"its training state, sharded over {ranks} ranks, needs at least {format_bytes(need)} on each "
@@ -117,7 +117,7 @@ def check_training_memory(cfg: RunConfig) -> None:
             f"agents.{name}: {what} but a worker's memory limit is {format_bytes(limit)} "
             f"(cluster.memory_limit={cfg.cluster.memory_limit!r} over {cfg.cluster.n_workers} workers): raise "
             f"cluster.memory_limit or use fewer workers, pick a smaller model, train the agent as a LoRA adapter "
-            f"(agents.{name}.adapter), {fix.format(n=name)}"
+            f"(agents.{name}.adapter), {fix}"
         )
 
 

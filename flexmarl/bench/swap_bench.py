@@ -142,9 +142,7 @@ def _start(key: EngineKey, *args) -> int:
 def _held(key: EngineKey) -> tuple[int, dict[str, torch.Tensor]]:
     """This rank's bytes of the state, and the whole state on rank 0 (every rank calls it)."""
     held = slot.trainer(key)
-    moments = {f"{i}.{k}": v for i, st in enumerate(held.optimizer.state.values()) for k, v in st.items()
-               if torch.is_tensor(v) and v.dim() > 0}
-    return (sharding.local_bytes(held.policy_state()) + sharding.local_bytes(moments),
+    return (sharding.held_bytes(held.policy_state(), held.optimizer),
             sharding.full_state(held.model, held.optimizer))
 
 
@@ -189,7 +187,7 @@ def bench_sharded(model: str, ranks: int = 2, log: Callable[[str], None] = print
         peaks = on(members, client, _train_once, key, batch)
         held = on(members, client, _held, key)
         trained = held[0][1]
-        result["whole_state_bytes"] = sharding.local_bytes({k: v for k, v in trained.items()})
+        result["whole_state_bytes"] = sharding.local_bytes(trained)
         result["rank_state_bytes"] = [h[0] for h in held]
         result["rank_peak_rss_over_start_bytes"] = [p - b for p, b in zip(peaks, base, strict=True)]
         result["park_s"] = timed(lambda: on(members, client, slot.park, key, f"{tmp}/k", {}))

@@ -399,12 +399,7 @@ class PipelineRunner:
                                  after or self.parks.get(agent))
         if isinstance(job, Restore) and job.members:  # a sharded trainer: from the snapshot, never by replay
             self.finished_steps.pop(agent, None)
-            snapshot = snapshots.require_snapshot(self.snapshot_root, agent, job.version, options)
-            if snapshot is not None and snapshots.snapshot_problem(self.snapshot_root, agent, job.version,
-                                                                   options) is not None:
-                raise snapshots.SnapshotError(
-                    f"sharded agent {agent!r} lost a rank and its snapshot of v{job.version} is not whole; a sharded "
-                    "state is not rebuilt by replay yet: keep run.snapshot_every=1 for sharded agents")
+            snapshot = snapshots.require_whole_snapshot(self.snapshot_root, agent, job.version, options)
             return snapshots.restore_trainer, (key, *trainer, snapshot, job.version, options, self._group(job))
         if isinstance(job, Restore):
             self.finished_steps.pop(agent, None)  # the rebuilt trainer redoes the step: its ranks' results too

@@ -172,8 +172,9 @@ class Runtime:
         self._release_earlier_attempts()
         options = self.cfg.training.state_storage_options
         futures = []
+        sharded = self._sharded()
         # a sharded agent's ranks form their world (each builds its shards of the trainer) while this serves it
-        rendezvous = group.Rendezvous(self.client.scheduler.address) if self._sharded() else None
+        rendezvous = group.Rendezvous(self.client.scheduler.address) if sharded else None
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
             trainer_args = (self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens)
@@ -187,7 +188,7 @@ class Runtime:
                                              model_dir, version, self.cfg.rollout, snapshots.weights_uri(snapshot),
                                              options, spec.adapter))
             ranks, world = (self.trainers[agent],), None
-            if rendezvous is not None and agent in self._sharded():
+            if agent in sharded:
                 ranks = sharded_ranks(self.slots, self.cfg.trainer_config(agent).max_slots)
                 world = group.TrainerGroup(f"{self.key(agent)}/start", ranks, rendezvous.address, self.timeout_s)
             for worker in ranks:
@@ -208,13 +209,11 @@ class Runtime:
         task mid-run does).
         """
         root, options = self.snapshot_root, self.cfg.training.state_storage_options
+        if agent in self._sharded():
+            return snapshots.require_whole_snapshot(root, agent, version, options)
         if version == 0 or root is None:
             return snapshots.require_snapshot(root, agent, version, options)  # None, or why it cannot restart
         problem = snapshots.snapshot_problem(root, agent, version, options)
-        if problem is not None and agent in self._sharded():
-            raise snapshots.SnapshotError(
-                f"the snapshot of sharded agent {agent!r} at v{version} {problem}, and a sharded state is not "
-                "rebuilt by replay yet: restart the run from the beginning, or from a copy of its snapshot")
         if problem is not None:
             base = snapshots.newest_whole_snapshot(root, agent, version, options)
             n = version - base

@@ -64,6 +64,13 @@ def local_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(_local(t).numel() * t.element_size() for t in tensors.values())
 
 
+def held_bytes(weights: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> int:
+    """Bytes this rank holds of ``weights`` and of the optimizer's tensors (its shards of sharded ones)."""
+    moments = {f"{i}.{k}": v for i, per_param in enumerate(optimizer.state.values()) for k, v in per_param.items()
+               if torch.is_tensor(v)}
+    return local_bytes(weights) + local_bytes(moments)
+
+
 def total_norm(tensors: list[torch.Tensor]) -> float:
     """The L2 norm over every element of ``tensors``, whole: over all ranks' shards of sharded ones."""
     norm = torch.nn.utils.get_total_norm(tensors)

@@ -107,8 +107,11 @@ def build_trainer(
 
 
 def install(key: EngineKey, trainer: AgentTrainer) -> None:
-    """Make ``trainer`` the one of ``key`` on this worker, closing any it replaces."""
+    """Make ``trainer`` the one of ``key`` on this worker, closing any it replaces. A sharded trainer's ranks all
+    install theirs at once, and its whole weights are gathered onto its home (``gather_weights``)."""
     engines().replace(_key(key), trainer)
+    if trainer.mesh is not None:
+        gather_weights(key)
 
 
 def start_trainer(
@@ -117,8 +120,6 @@ def start_trainer(
 ) -> str:
     if _key(key) not in engines():
         install(key, build_trainer(key, model_dir, config, temperature, max_new_tokens, version, group))
-        if config.sharding == "full":
-            gather_weights(key)
     return worker_address()
 
 
@@ -230,8 +231,6 @@ def resume(
         fresh.close()
         raise RuntimeError(f"the state of {key.agent!r} at {location} is at v{fresh.version}, expected v{version}")
     install(key, fresh)
-    if fresh.mesh is not None:
-        gather_weights(key)
     return StateResumed(worker_address(), load_s, prefetched)
 
 

@@ -393,9 +393,7 @@ def _write_sharded(trainer, uri: str) -> int:
                 "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
                 "rng": {"cpu": torch.get_rng_state().tolist()}}
         (root / META).write_text(json.dumps(meta))
-    moments = {f"{i}.{k}": v for i, st in enumerate(trainer.optimizer.state.values()) for k, v in st.items()
-               if torch.is_tensor(v)}
-    return sharding.local_bytes(trainer.policy_state()) + sharding.local_bytes(moments)
+    return sharding.held_bytes(trainer.policy_state(), trainer.optimizer)
 
 
 def _read_sharded(trainer, uri: str) -> None:

@@ -149,9 +149,9 @@ class RunConfig(MEGSpec):
 
     @model_validator(mode="after")
     def _check_sharded_agents(self) -> RunConfig:
-        sharded = [a for a in self.agents if self.trainer_config(a).sharding == "full"]
+        sharded = [a for a in self.agents if self.trainer_config(a).sharded]
         if len(sharded) > 1:
-            raise ValueError(f"agents {', '.join(sharded)} are all sharded (training.sharding='full'): one sharded "
+            raise ValueError(f"agents {', '.join(sharded)} are all sharded (training.sharding): one sharded "
                              "agent per run is built (their ranks would share one process group per worker); "
                              "shard one and give the others 'none' (per agent: agents.<name>.training.sharding)")
         if sharded and self.run.snapshot_every > 1:

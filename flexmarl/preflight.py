@@ -69,25 +69,41 @@ def check_inputs(cfg: RunConfig) -> None:
     check_training_memory(cfg)
 
 
-STATE_BYTES_PER_PARAMETER = 4 + 4 + 8 + 8
-"""A full-model trainer at its optimizer step: float32 weights and gradient, the two AdamW moments, and the float64
-gradient sum the micro-batches add into (``AgentTrainer.begin_step``)."""
+BYTES_PER_PARAMETER = {
+    "none": (4 + 4 + 8 + 8, 0),
+    "optimizer": (4 + 4 + 8, 8),
+    "full": (4, 4 + 4 + 8 + 8),
+}
+"""What a full-model trainer's rank holds at its optimizer step, by ``training.sharding``: (bytes per parameter
+that every rank holds whole, bytes per parameter divided over the ranks). The state is float32 weights and
+gradient, the two AdamW moments, and the float64 gradient sum the micro-batches add into
+(``AgentTrainer.begin_step``). ZeRO-1 divides the moments; FSDP2 divides all of it, but each rank loads the
+whole weights before sharding them, and the home keeps them gathered for the weight syncs."""
+WHAT_IS_HELD = {
+    "none": "float32 weights and gradient, two AdamW moments, the float64 gradient sum",
+    "optimizer": "float32 weights and gradient and the float64 gradient sum on every rank, the two AdamW moments "
+                 "divided over the ranks",
+    "full": "the whole float32 weights each rank loads and its home keeps, and its share of the weights, "
+            "gradient, two AdamW moments and float64 gradient sum",
+}
 
 
-def training_state_bytes(model_dir: Path, *, kl: bool, ranks: int = 1) -> int:
-    """What one full-model trainer of ``model_dir`` holds at its optimizer step, activations left out (a lower
-    bound); ``kl``: with the frozen reference copy that a KL penalty reads. ``ranks`` > 1: what each rank of a
-    trainer sharded over that many holds: its 1/k share, plus the whole float32 weights (each rank loads them
-    whole before sharding, and the home keeps them gathered for the weight syncs)."""
+def training_state_bytes(model_dir: Path, *, kl: bool, sharding: str = "none", ranks: int = 1) -> int:
+    """What one rank of a full-model trainer of ``model_dir`` holds at its optimizer step, activations left out
+    (a lower bound; ``BYTES_PER_PARAMETER``): one trainer, or one of ``ranks`` sharded as ``sharding`` says.
+    ``kl``: with the frozen reference copy that a KL penalty reads (sharded only by FSDP2)."""
     unique = {id(p): p for p in meta_model(model_dir).parameters()}.values()
     params = sum(p.numel() for p in unique)
-    whole = params * (STATE_BYTES_PER_PARAMETER + (4 if kl else 0))
-    return whole if ranks == 1 else -(-whole // ranks) + 4 * params
+    whole, divided = BYTES_PER_PARAMETER[sharding]
+    if kl:
+        whole, divided = (whole, divided + 4) if sharding == "full" else (whole + 4, divided)
+    return params * whole + -(-params * divided // ranks)
 
 
 def check_training_memory(cfg: RunConfig) -> None:
     """Each full-model agent's training state fits a LocalCluster worker's memory limit (checked against the
-    lower bound ``training_state_bytes``; a cluster at ``cluster.address`` is not checked here).
+    lower bound ``training_state_bytes``, per rank for a sharded agent; a cluster at ``cluster.address`` is not
+    checked here).
 
     Raises:
         ConfigError: naming the agent, both sizes and the fixes.
@@ -100,19 +116,23 @@ def check_training_memory(cfg: RunConfig) -> None:
             continue
         trainer = cfg.trainer_config(name)
         kl = trainer.kl_coef > 0
-        ranks = trainer.max_slots if trainer.sharding == "full" else 1
-        need = training_state_bytes(resolve_model(agent.model, seed=cfg.run.seed), kl=kl, ranks=ranks)
+        ranks = trainer.max_slots if trainer.sharded else 1
+        need = training_state_bytes(resolve_model(agent.model, seed=cfg.run.seed), kl=kl, sharding=trainer.sharding,
+                                    ranks=ranks)
         if need <= limit:
             continue
-        per = f"{STATE_BYTES_PER_PARAMETER}{' + 4' if kl else ''} bytes per parameter"
-        what = (f"its training state needs at least {format_bytes(need)} ({per}: float32 weights and gradient, two "
-                f"AdamW moments, the float64 gradient sum{', the KL reference' if kl else ''})")
-        fix = (f"or shard it over several slots (agents.{name}.training.sharding: full, with training.max_slots: the "
-               "number of slots; a data-parallel trainer group holds the whole state on every rank)")
-        if ranks > 1:
-            what = (f"its training state, sharded over {ranks} ranks, needs at least {format_bytes(need)} on each "
-                    f"({per} over {ranks}, plus 4 for the whole weights each rank loads and its home keeps)")
-            fix = "or shard it over more slots (training.max_slots)"
+        whole, divided = BYTES_PER_PARAMETER[trainer.sharding]
+        per = f"{whole} bytes per parameter" + (f" and {divided} over the ranks" if trainer.sharded else "")
+        held = f"{per}{' + 4 for the KL reference' if kl else ''}: {WHAT_IS_HELD[trainer.sharding]}"
+        what = f"its training state needs at least {format_bytes(need)} ({held})"
+        fix = (f"or shard it over several slots (agents.{name}.training.sharding: 'full', or 'optimizer' for the "
+               "AdamW moments only, with training.max_slots: the number of slots; a data-parallel trainer group "
+               "holds the whole state on every rank)")
+        if trainer.sharded:
+            what = (f"its training state, sharded ({trainer.sharding!r}) over {ranks} ranks, needs at least "
+                    f"{format_bytes(need)} on each ({held})")
+            fix = ("or shard it over more slots (training.max_slots)" if trainer.sharding == "full" else
+                   "or shard it over more slots (training.max_slots), or all of it (training.sharding: 'full')")
         raise ConfigError(
             f"agents.{name}: {what} but a worker's memory limit is {format_bytes(limit)} "
             f"(cluster.memory_limit={cfg.cluster.memory_limit!r} over {cfg.cluster.n_workers} workers): raise "

@@ -652,14 +652,19 @@ CASES = [
     Case("state-over-memory-limit", lambda t: preflight_error(t, "cluster.memory_limit=2MB"),
          (r"agents.solver: its training state needs at least 3.21 MiB \(24 bytes per parameter.*but a worker's "
           r"memory limit is 1.91 MiB \(cluster.memory_limit='2MB' over 2 workers\)", "raise cluster.memory_limit",
-          r"or shard it over several slots \(agents.solver.training.sharding: full, with training.max_slots")),
+          r"or shard it over several slots \(agents.solver.training.sharding: 'full', or 'optimizer'")),
     Case("sharded-state-over-memory-limit",
          lambda t: preflight_error(t, "cluster.memory_limit=2MB", "training.sharding=full", "training.max_slots=2",
                                    "agents.verifier.training.sharding=none"),
-         (r"agents.solver: its training state, sharded over 2 ranks, needs at least 2.14 MiB on each",
+         (r"agents.solver: its training state, sharded \('full'\) over 2 ranks, needs at least 2.14 MiB on each",
           r"or shard it over more slots \(training.max_slots\)")),
+    Case("zero-state-over-memory-limit",
+         lambda t: preflight_error(t, "cluster.memory_limit=2MB", "training.sharding=optimizer",
+                                   "training.max_slots=2", "agents.verifier.training.sharding=none"),
+         (r"agents.solver: its training state, sharded \('optimizer'\) over 2 ranks, needs at least 2.67 MiB on each",
+          r"or all of it \(training.sharding: 'full'\)")),
     Case("two-sharded-agents", lambda t: config_error(t, overrides=("training.sharding=full",)),
-         (r"agents solver, verifier are all sharded \(training.sharding='full'\): one sharded agent per run",
+         (r"agents solver, verifier are all sharded \(training.sharding\): one sharded agent per run",
           r"shard one and give the others 'none'")),
     Case("sharded-sparse-snapshots",
          lambda t: config_error(t, overrides=("agents.solver.training.sharding=full", "run.snapshot_every=2")),
@@ -667,8 +672,6 @@ CASES = [
     Case("sharded-adapter",
          lambda t: config_error(t, overrides=("agents.solver.training.sharding=full", "agents.solver.adapter={r: 4}")),
          (r"agents.solver: an adapter agent's trainer is not sharded", r"use training.sharding='none' for it")),
-    Case("optimizer-sharding", lambda t: config_error(t, overrides=("training.sharding=optimizer",)),
-         (r"training.sharding: 'optimizer' \(ZeRO-1\) is not built", r"use 'none'")),
     Case("sharded-over-more-slots", lambda t: too_many_slots(t, None, {"solver": 3}),
          (r"agent 'solver' is sharded over training.max_slots=3 slots but only 2 training slot\(s\) exist",
           "lower agents.solver.training.max_slots")),
@@ -962,7 +965,9 @@ CLI_CASES: dict[str, Callable] = {
     "sharded state over a worker's memory": lambda t, s: train_tiny(
         t, *[a for o in ("cluster.memory_limit=2MB", "training.sharding=full", "training.max_slots=2",
                          "agents.verifier.training.sharding=none") for a in ("--set", o)]),
-    "optimizer sharding": lambda t, s: validate_tiny("training.sharding=optimizer"),
+    "ZeRO-1 state over a worker's memory": lambda t, s: validate_tiny(
+        "cluster.memory_limit=2MB", "training.sharding=optimizer", "training.max_slots=2",
+        "agents.verifier.training.sharding=none"),
     "adapter on layers the model lacks": lambda t, s: validate_tiny("agents.solver.adapter={target_modules: [c_attn]}"),
     "adapter set under training": lambda t, s: validate_tiny("training.adapter={r: 4}"),
     "vLLM not installed": lambda t, s: validate_tiny("rollout.backend=vllm"),
@@ -1075,16 +1080,18 @@ def test_every_cli_error_exits_2_without_a_traceback(kind: str, tmp_path: Path) 
 
 def test_a_state_over_a_worker_s_limit_passes_the_preflight_once_sharded_over_enough_ranks() -> None:
     """The tiny solver's 3.21 MiB of state is refused on one 2.86 MiB worker, and passes sharded over two (each
-    rank 2.14 MiB: half the state and the whole weights); the verifier, an adapter, is small either way."""
+    rank 2.14 MiB: half the state and the whole weights; under ZeRO-1 2.67 MiB: half the AdamW moments); the
+    verifier, an adapter, is small either way."""
     from flexmarl.config import ConfigError, load_config
     from flexmarl.preflight import check_training_memory
 
     small = ["cluster.memory_limit=3MB", "agents.verifier.adapter={r: 4}"]
     with pytest.raises(ConfigError, match="agents.solver: its training state needs at least 3.21 MiB"):
         check_training_memory(load_config(preset="tiny", overrides=small))
-    check_training_memory(load_config(preset="tiny", overrides=[*small, "agents.solver.training.sharding=full",
-                                                                "agents.solver.training.max_slots=2"]))
-    with pytest.raises(ConfigError, match="sharded over 2 ranks, needs at least 2.14 MiB on each"):
+    for sharding in ("full", "optimizer"):
+        check_training_memory(load_config(preset="tiny", overrides=[
+            *small, f"agents.solver.training.sharding={sharding}", "agents.solver.training.max_slots=2"]))
+    with pytest.raises(ConfigError, match=r"sharded \('full'\) over 2 ranks, needs at least 2.14 MiB on each"):
         check_training_memory(load_config(preset="tiny", overrides=[
             "cluster.memory_limit=2MB", "agents.verifier.adapter={r: 4}", "agents.solver.training.sharding=full",
             "agents.solver.training.max_slots=2"]))

@@ -82,7 +82,7 @@ def build_scheduler(cfg: RunConfig, policy: SchedulePolicy, *, replicas, engines
         trainer = cfg.trainer_config(agent)
         shapes[agent] = AgentShape(trainer.micro_batch_size, spec.sampling.max_new_tokens,
                                    cfg.rollout.max_batch_size, trainer.advantage == "agent", trainer.max_slots,
-                                   trainer.sharding == "full")
+                                   trainer.sharded)
     balancer = InterAgentBalancer(
         cfg.rollout.balance_threshold, cfg.rollout.balance_cooldown_s,
         min_replicas=1 if len(replicas) >= len(cfg.agents) else 0, lanes=cfg.cluster.threads_per_worker,
@@ -301,7 +301,7 @@ class PipelineRunner:
         reports the worker lost: the supervisor is asked until it has (the recovery then gives the step up
         and redoes it) or ``RESULT_WAIT_S`` has passed (then the error is the job's own).
         """
-        sharded = self.trainer_cfg[job.agent].sharding == "full" and job.kind in (
+        sharded = self.trainer_cfg[job.agent].sharded and job.kind in (
             JobKind.TRAIN, JobKind.FINISH, JobKind.SNAPSHOT, JobKind.RESTORE)
         if not (isinstance(job, Finish) and job.members) and not sharded:
             return False

@@ -31,7 +31,7 @@ class AgentShape:
     batch_limit: int  # most requests in one generation batch
     agent_wise: bool = False  # ``advantage: agent``: the whole batch is normalised (and committed) together
     max_slots: int = 1  # ``training.max_slots``: the most training slots its trainer group may span
-    sharded: bool = False  # ``training.sharding: full``: its trainer spans ``sharded_ranks`` for the whole run
+    sharded: bool = False  # ``training.sharding`` not 'none': its trainer spans ``sharded_ranks`` for the whole run
 
 
 class TrainingDue(Enum):

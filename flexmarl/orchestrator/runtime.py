@@ -142,7 +142,7 @@ class Runtime:
         return Placement(trainers, slots, engines, replicas, versions)
 
     def _sharded(self) -> list[str]:
-        return [a for a in self.cfg.agents if self.cfg.trainer_config(a).sharding == "full"]
+        return [a for a in self.cfg.agents if self.cfg.trainer_config(a).sharded]
 
     @property
     def placement(self) -> Placement:

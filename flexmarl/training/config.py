@@ -98,25 +98,24 @@ class TrainerConfig(Strict):
     whole copy of the agent's state, trains whole micro-batches of its step, and the gradient sums are
     all-reduced at the optimizer step, so every rank takes the same step). The scheduler grows an agent's
     group into idle slots while its step has work for them and no other agent waits for a slot, and frees
-    them at the step's end. 1: one slot per agent. Above ``training.slots`` is refused. With ``sharding: full``,
-    exactly the number of slots the agent's state is sharded over, for the whole run."""
+    them at the step's end. 1: one slot per agent. Above ``training.slots`` is refused. A sharded agent
+    (``sharding`` 'optimizer' or 'full') spans exactly this many slots, for the whole run."""
     sharding: Literal["none", "optimizer", "full"] = "none"
     """How a trainer group's ranks divide the agent's state: 'none' (data parallel: each rank a whole copy);
-    'full' (FSDP2 ``fully_shard``: each rank holds 1/k of the weights, gradients and Adam moments, and every rank
-    trains its part of each micro-batch): the agent's trainer spans the first ``max_slots`` training slots for
-    the whole run, each of its steps binding them all; one sharded agent per run, not an adapter agent, and a
-    lost rank fails the run (resume it from the store). 'optimizer' (ZeRO-1) is not built."""
+    'optimizer' (ZeRO-1, torch's ``ZeroRedundancyOptimizer``: each rank holds the whole weights and gradients
+    and 1/k of the Adam moments, steps its share of the parameters and broadcasts them); 'full' (FSDP2
+    ``fully_shard``: each rank holds 1/k of the weights, gradients and Adam moments). A sharded agent ('optimizer'
+    or 'full') spans the first ``max_slots`` training slots for the whole run, each of its steps binding them all,
+    and every rank trains its part of each micro-batch; one sharded agent per run, not an adapter agent; a lost
+    rank is rebuilt from the snapshot of its step's start."""
 
     adapter: AdapterConfig | None = None
     """Set from ``agents.<name>.adapter`` (the one place to write it): train a LoRA adapter, not the whole model."""
 
-    @field_validator("sharding", mode="before")
-    @classmethod
-    def _no_optimizer_shards(cls, value: object) -> object:
-        if value == "optimizer":
-            raise ValueError("'optimizer' (ZeRO-1) is not built: use 'none' (data parallel over "
-                             "training.max_slots slots) or 'full'")
-        return value
+    @property
+    def sharded(self) -> bool:
+        """The agent's state is divided over its ranks ('optimizer' or 'full'), which it holds for the whole run."""
+        return self.sharding != "none"
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

@@ -15,10 +15,10 @@ The driver serves the store (``Rendezvous``: a ``TCPStore`` in the driver's proc
 the run); each formation has a name of its own (its key prefix), so a group re-formed after a lost rank
 never reads the keys of the one before.
 
-A sharded trainer (``training.sharding: full``) is the exception: FSDP2's ``DeviceMesh`` and distributed
-checkpoint read the process's default group, so its ranks join a *world* (``join_world``: the default group,
-formed on the same store). A process is in one world at a time: joining another formation leaves the one
-before, whose sharded trainers must have been parked first.
+A sharded trainer (``training.sharding``: 'optimizer' or 'full') is the exception: FSDP2's ``DeviceMesh``,
+``ZeroRedundancyOptimizer`` and distributed checkpoint read the process's default group, so its ranks join a
+*world* (``join_world``: the default group, formed on the same store). A process is in one world at a time:
+joining another formation leaves the one before, whose sharded trainers must have been parked first.
 """
 
 from __future__ import annotations
@@ -127,9 +127,8 @@ def leave_world() -> None:
 
 
 def world_all_reduce(tensors: list[torch.Tensor]) -> None:
-    """``all_reduce`` over this process's world (the default group)."""
-    for t in tensors:
-        dist.all_reduce(t)
+    """``all_reduce`` over this process's world (the default group), in buckets."""
+    all_reduce(dist.group.WORLD, tensors)
 
 
 def drop_group(key: EngineKey) -> None:

@@ -76,7 +76,7 @@ def _gathered_key(key: EngineKey) -> str:
 
 
 def gather_weights(key: EngineKey) -> None:
-    """Gather a sharded trainer's whole weights onto its home (rank 0), kept there for the weight syncs and the
+    """Gather an FSDP2 trainer's whole weights onto its home (rank 0), kept there for the weight syncs and the
     checkpoint; every rank calls it at once, within the job that changed the weights, so that no other
     collective of the ranks comes between (a sync's fetch then needs only the home)."""
     held = trainer(key)
@@ -92,13 +92,13 @@ def build_trainer(
     group: TrainerGroup | None = None,
 ) -> AgentTrainer:
     """A new trainer of ``key``'s agent (not registered); an adapter agent's adds its adapter to the base this
-    worker shares among the run's adapter agents of that model. A sharded agent's (``training.sharding: full``)
+    worker shares among the run's adapter agents of that model. A sharded agent's (``training.sharding``)
     is this worker's rank of ``group``: every member builds its own at once."""
     host = mesh = None
     if config.adapter is not None:
         device = shared_accelerator(config.mixed_precision).device
         host = engines().get_or_start(_key(host_key(key, model_dir)), lambda: AdapterHost(model_dir, device))
-    if config.sharding == "full":
+    if config.sharded:
         if group is None:
             raise ValueError(f"agent {key.agent!r} trains sharded: its trainer is built by every rank of a group")
         mesh = join_world(group)
@@ -110,7 +110,7 @@ def install(key: EngineKey, trainer: AgentTrainer) -> None:
     """Make ``trainer`` the one of ``key`` on this worker, closing any it replaces. A sharded trainer's ranks all
     install theirs at once, and its whole weights are gathered onto its home (``gather_weights``)."""
     engines().replace(_key(key), trainer)
-    if trainer.mesh is not None:
+    if trainer.fsdp:
         gather_weights(key)
 
 
@@ -259,7 +259,8 @@ def finish_step(key: EngineKey, group: TrainerGroup | None = None) -> UpdateResu
     held = trainer(key)
     if held.mesh is not None:
         result = held.finish_step(reduce=world_all_reduce)
-        gather_weights(key)
+        if held.fsdp:
+            gather_weights(key)
         return result
     if group is None:
         return held.finish_step()
@@ -268,9 +269,10 @@ def finish_step(key: EngineKey, group: TrainerGroup | None = None) -> UpdateResu
 
 
 def weights(key: EngineKey) -> dict[str, torch.Tensor]:
-    """The trainer's weights, on the CPU; a sharded trainer's as its home gathered them after its last change."""
+    """The trainer's weights, on the CPU; an FSDP2 trainer's as its home gathered them after its last change (a
+    ZeRO-1 trainer's home holds them whole)."""
     held = trainer(key)
-    if held.mesh is not None:
+    if held.fsdp:
         return engines().lookup(_gathered_key(key), f"no gathered weights of {str(key)!r} on {worker_address()}: "
                                                     "a sharded trainer's weights are on its home (rank 0)")
     return held.weights()

@@ -9,8 +9,8 @@ the lr scheduler's position, the policy version and the RNG state. It sits at ex
 - a directory or an fsspec URI (``runs/x/state/solver``, ``file:///shared/state/solver``,
   ``s3://bucket/prefix/solver``, ``memory://state/solver``): two safetensors files and one JSON file,
   never pickle. The JSON file is written last, so a state whose write did not finish is never read.
-  A sharded trainer's state (``training.sharding: full``) is a distributed checkpoint instead, one file per
-  rank (``sharding.py``), in a local directory; it resumes over any number of ranks.
+  A sharded trainer's state (``training.sharding``: 'optimizer' or 'full') is a distributed checkpoint instead,
+  one file per rank (``sharding.py``), in a local directory; it resumes over any number of ranks.
 
 Any trainer built from the same model and settings, on any worker, can take the state from any location,
 and a round trip is bit-exact. On a GPU, host copies sit in pinned memory (about 55 GB/s on an H200
@@ -390,6 +390,7 @@ def _write_sharded(trainer, uri: str) -> int:
         # each name its own copy: safetensors refuses tensors that share memory (tied embeddings)
         save_file({k: v.clone() for k, v in weights.items()}, str(root / WEIGHTS))
         meta = {"format": FORMAT, "agent": trainer.agent, "version": trainer.version, "ranks": trainer.ranks,
+                "sharding": trainer.config.sharding,
                 "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
                 "rng": {"cpu": torch.get_rng_state().tolist()}}
         (root / META).write_text(json.dumps(meta))
@@ -403,9 +404,11 @@ def _read_sharded(trainer, uri: str) -> None:
     except FileNotFoundError:
         raise FileNotFoundError(f"no training state at {uri}: {META} is missing (nothing was parked there, or its "
                                 "write did not finish)") from None
-    if "ranks" not in meta:
-        raise ValueError(f"the state at {uri} is not sharded, and agent {trainer.agent!r}'s trainer is "
-                         "(training.sharding: full): a run keeps one sharding for its whole life")
+    sharded = meta.get("sharding", "full") if "ranks" in meta else "none"  # written before 'optimizer' was: 'full'
+    if sharded != trainer.config.sharding:
+        raise ValueError(f"the state at {uri} was written with training.sharding={sharded!r}, and agent "
+                         f"{trainer.agent!r}'s trainer has {trainer.config.sharding!r}: a run keeps one sharding "
+                         "for its whole life")
     if meta["agent"] != trainer.agent:
         raise ValueError(f"the state belongs to agent {meta['agent']!r}, not {trainer.agent!r}")
     sharding.load(trainer.model, trainer.optimizer, str(root / sharding.SHARDS))

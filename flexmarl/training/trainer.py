@@ -29,7 +29,7 @@ from flexmarl.models.loading import CACHE_ARG, load_model
 from flexmarl.models.prefix import prefill, saves_work
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import batch_normaliser, policy_loss
-from flexmarl.training.sharding import full_weights, part, shard_model, total_norm
+from flexmarl.training.sharding import full_weights, part, rank, shard_model, total_norm, zero_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -234,9 +234,10 @@ class AgentTrainer:
         version: the policy version of the weights in ``model_dir``.
         host: where an adapter agent (``config.adapter``) adds its adapter: the base model it shares with the
             other adapter agents of its process; by default a host of its own.
-        mesh: the ranks of the agent's sharded trainer group (``training.sharding: full``, ``group.join_world``):
-            the weights, gradients and optimizer state are sharded over them (``sharding.shard_model``), and
-            every rank takes part in each micro-batch, training its part of the samples.
+        mesh: the ranks of the agent's sharded trainer group (``training.sharding``, ``group.join_world``):
+            'full' shards the weights, gradients and optimizer state over them (``sharding.shard_model``),
+            'optimizer' only the optimizer state (``sharding.zero_optimizer``); every rank takes part in each
+            micro-batch, training its part of the samples.
 
     An adapter agent's "weights" are its adapter's tensors: they are what ``weights`` returns, what a state
     move carries and what the optimizer steps; the base model stays frozen.
@@ -263,8 +264,10 @@ class AgentTrainer:
         self.host, self.adapter = None, None
         self.reference = None
         self.mesh = mesh
-        if mesh is not None and config.adapter is not None:
-            raise ValueError(f"agent {agent!r}: an adapter agent's trainer is not sharded (training.sharding: none)")
+        self.fsdp = mesh is not None and config.sharding == "full"  # else its weights are whole on every rank
+        if mesh is not None and (config.adapter is not None or not config.sharded):
+            raise ValueError(f"agent {agent!r}: a trainer over a mesh is sharded ('optimizer' or 'full'), and an "
+                             "adapter agent's is not")
         if config.adapter is not None:
             self.host = host or AdapterHost(model_dir, self.accelerator.device)
             self.adapter = self.host.add(agent, config.adapter)
@@ -278,21 +281,26 @@ class AgentTrainer:
             if config.kl_coef > 0:
                 self.reference = self._placed(load_model(Path(model_dir))).eval().requires_grad_(False)
         model.train()
-        optimizer = torch.optim.AdamW(self.params.values(), lr=config.lr, weight_decay=config.weight_decay)
+        if mesh is not None and not self.fsdp:
+            optimizer = zero_optimizer(list(self.params.values()), lr=config.lr, weight_decay=config.weight_decay)
+        else:
+            optimizer = torch.optim.AdamW(self.params.values(), lr=config.lr, weight_decay=config.weight_decay)
         # Stepped by hand once per optimizer step (not through accelerate, which steps a prepared scheduler
         # once per process); None keeps the lr constant.
         self.scheduler = None
         if config.lr_warmup_steps > 0:
             self.scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=config.lr_warmup_steps)
-        if self.mesh is not None:  # FSDP2 places the weights and runs the mixed precision itself
+        if self.fsdp:  # FSDP2 places the weights and runs the mixed precision itself
             self.model, self.optimizer = model, optimizer
+        elif self.mesh is not None:  # ZeRO-1: torch's optimizer steps its share and broadcasts it
+            self.model, self.optimizer = self.accelerator.prepare(model), optimizer
         elif self.host is None:
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         else:  # the host's model is shared (and on the device already): only this agent's optimizer is prepared
             self.model, self.optimizer = model, self.accelerator.prepare(optimizer)
 
     def _placed(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.mesh is None:
+        if not self.fsdp:
             return model.to(self.accelerator.device)
         return shard_model(model.to(self.accelerator.device), self.mesh, self.config.mixed_precision)
 
@@ -347,8 +355,9 @@ class AgentTrainer:
         if self.mesh is not None:
             start, stop = part(len(batch), self.mesh.get_local_rank(), self.ranks)
             self._micro += start == 0  # counted once over the ranks: by the one with its first sample
-            if start == stop:  # fewer samples than ranks: this rank still takes part in the collectives
-                self._idle_pass(batch.slice(0, 1), device)
+            if start == stop:  # fewer samples than ranks: an FSDP2 rank still takes part in the collectives
+                if self.fsdp:
+                    self._idle_pass(batch.slice(0, 1), device)
                 return {}
             batch = batch.slice(start, stop)
         else:
@@ -370,7 +379,7 @@ class AgentTrainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _accumulate(self, model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> dict[str, float]:
-        shared = self.mesh is None
+        shared = not self.fsdp  # the shared-prefix prefill's forwards depend on the prompts: not under FSDP2
         logp, mask = response_logprobs(model, batch, self.temperature, device, share_prompts=shared)  # (B, T)
         behaviour = padded(batch.logprobs)[0].to(device)  # (B, T), zeros past each response
         # Decoupled PPO for every sample: clip against the current weights (the proximal policy: one
@@ -477,10 +486,10 @@ class AgentTrainer:
         return ("clipfrac", "ratio_mean", "stale_fraction", *(("kl",) if self.config.kl_coef > 0 else ()))
 
     def _sum_over_ranks(self, reduce: Callable[[list[torch.Tensor]], None]) -> None:
-        """Make this step's gradient sum and counters the group's: the sums over every rank's. A sharded trainer's
+        """Make this step's gradient sum and counters the group's: the sums over every rank's. An FSDP2 trainer's
         gradient sum is the group's already (each backward reduce-scattered it): only its counters are summed."""
         keys = self._stat_keys()
-        sums = list(self._grad_sum.values()) if self.mesh is None else []
+        sums = [] if self.fsdp else list(self._grad_sum.values())
         counters = torch.tensor(
             [self._responses, self._tokens, self._loss_sum, self._micro, self._parts, self._is_sum, self._is_at_cap,
              *(self._stats.get(k, 0.0) for k in keys)], dtype=torch.float64, device=self.accelerator.device)
@@ -518,8 +527,10 @@ class AgentTrainer:
 
         A sharded trainer's are gathered whole onto rank 0 (the other ranks get an empty dict): every rank must
         call this at once."""
-        if self.mesh is not None:
+        if self.fsdp:
             return full_weights(self.model)
+        if self.mesh is not None and rank() != 0:  # ZeRO-1: whole on every rank already, and rank 0's suffice
+            return {}
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy_state().items()}
 
     def close(self) -> None:

@@ -87,14 +87,14 @@ def test_drift_measures_the_difference_against_the_move() -> None:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("mode", ["flexmarl", "sync"])
-def test_a_sharded_agent_trains_in_the_pipeline_the_weights_of_the_plain_synchronous_loop(tmp_path: Path,
-                                                                                        mode) -> None:
-    """The solver's state sharded over both slots (FSDP2 over two worker processes: each rank trains its part of
-    every micro-batch), the verifier on one: both end with the single-trainer loop's weights, and the run's
-    final checkpoint is the solver's whole model."""
+@pytest.mark.parametrize(("mode", "sharding"), [("flexmarl", "full"), ("sync", "full"), ("flexmarl", "optimizer")])
+def test_a_sharded_agent_trains_in_the_pipeline_the_weights_of_the_plain_synchronous_loop(tmp_path: Path, mode,
+                                                                                        sharding) -> None:
+    """The solver's state sharded over both slots (FSDP2 or ZeRO-1 over two worker processes: each rank trains its
+    part of every micro-batch), the verifier on one: both end with the single-trainer loop's weights, and the
+    run's final checkpoint is the solver's whole model."""
     cfg = load_config(preset="tiny", overrides=["run.steps=2", "run.queries_per_step=8", "training.micro_batch_size=4",
-                                                *MODES[mode], "agents.solver.training.sharding=full",
+                                                *MODES[mode], f"agents.solver.training.sharding={sharding}",
                                                 "agents.solver.training.max_slots=2", "run.seed=3"])
     with open_cluster(ClusterConfig(n_workers=2)) as address:
         result, pipelined = run_mode(cfg, tmp_path / "run", address)

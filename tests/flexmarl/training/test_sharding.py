@@ -1,6 +1,6 @@
-"""An agent's trainer sharded over two Dask worker processes (``training.sharding: full``): FSDP2 over a real
-gloo world, each rank training its part of every micro-batch; parked as a distributed checkpoint and resumed
-over another number of ranks."""
+"""An agent's trainer sharded over two Dask worker processes (``training.sharding``: FSDP2 or ZeRO-1 over a
+real gloo world), each rank training its part of every micro-batch; parked as a distributed checkpoint and
+resumed over another number of ranks."""
 
 from __future__ import annotations
 
@@ -24,9 +24,7 @@ from .test_trainer import make_batch
 pytestmark = pytest.mark.cluster  # two worker processes: FSDP2 wants one world per process
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the helpers below run on the workers
 
-KEY = EngineKey("run-s", "solver")
 CONFIG = TrainerConfig(lr=1e-3, lr_warmup_steps=2, micro_batch_size=3, loss_type="dapo")
-SHARDED = CONFIG.model_copy(update={"sharding": "full"})
 SLICES = [(0, 3), (3, 6), (6, 8), (8, 9)]  # parts of 2+1, 2+1, 1+1 and 1+none (one rank idle)
 
 
@@ -37,9 +35,8 @@ def train(key: EngineKey, batch: TrainBatch, start: int, stop: int) -> None:
 def held_bytes(key: EngineKey) -> tuple[int, int]:
     """This rank's bytes of the weights and of the optimizer's state."""
     held = slot.trainer(key)
-    moments = {f"{i}.{k}": v for i, st in enumerate(held.optimizer.state.values()) for k, v in st.items()
-               if torch.is_tensor(v) and v.dim() > 0}
-    return sharding.local_bytes(held.policy_state()), sharding.local_bytes(moments)
+    weights = sharding.local_bytes(held.policy_state())
+    return weights, sharding.held_bytes(held.policy_state(), held.optimizer) - weights
 
 
 def version(key: EngineKey) -> int:
@@ -60,10 +57,10 @@ def on(client: Client, members: tuple[str, ...], fn, *args) -> list:
     return client.gather([submit_on(client, w, fn, *args) for w in members])
 
 
-def step(client, members, batch: TrainBatch, group: TrainerGroup):
+def step(client, members, key: EngineKey, batch: TrainBatch, group: TrainerGroup):
     for start, stop in SLICES:
-        on(client, members, train, KEY, batch, start, stop)
-    return on(client, members, slot.finish_step, KEY, group)
+        on(client, members, train, key, batch, start, stop)
+    return on(client, members, slot.finish_step, key, group)
 
 
 def reference_step(trainer: AgentTrainer, batch: TrainBatch):
@@ -73,18 +70,26 @@ def reference_step(trainer: AgentTrainer, batch: TrainBatch):
     return trainer.finish_step()
 
 
+def state(key: EngineKey) -> dict[str, torch.Tensor]:
+    held = slot.trainer(key)
+    return sharding.full_state(held.model, held.optimizer)
+
+
+@pytest.mark.parametrize("mode", ["full", "optimizer"])
 def test_a_sharded_trainer_steps_as_one_slot_holding_half_the_state_and_resumes_over_another_count(
-        tiny_dir, workers, tmp_path) -> None:
+        mode, tiny_dir, workers, tmp_path) -> None:
     client, members, rendezvous = workers
+    sharded = CONFIG.model_copy(update={"sharding": mode})
+    key = EngineKey(f"run-{mode}", "solver")
     batches = [make_batch(tiny_dir, [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -1.5, 1.5, 1.0][::sign]) for sign in (1, -1)]
     reference = AgentTrainer("solver", tiny_dir, CONFIG, temperature=1.0, max_new_tokens=6)
     start = reference.weights()
-    pair = TrainerGroup("solver.1", members, rendezvous.address, 60.0)
-    on(client, members, slot.start_trainer, KEY, str(tiny_dir), SHARDED, 1.0, 6, 0, pair)
+    pair = TrainerGroup(f"solver.{mode}.1", members, rendezvous.address, 60.0)
+    on(client, members, slot.start_trainer, key, str(tiny_dir), sharded, 1.0, 6, 0, pair)
     for batch in batches:  # the first step's lr is 0 (warmup): the second moves the weights
         expected = reference_step(reference, batch)
-        results = step(client, members, batch, pair)
-    first = on(client, members, slot.weights, KEY)
+        results = step(client, members, key, batch, pair)
+    first = on(client, members, slot.weights, key)
 
     assert [r.policy_version for r in results] == [2, 2] and not any(r.skipped for r in results)
     assert sorted(i for r in results for i in r.consumed_ids) == sorted(expected.consumed_ids)
@@ -95,26 +100,30 @@ def test_a_sharded_trainer_steps_as_one_slot_holding_half_the_state_and_resumes_
     assert first[1] == {}  # gathered onto rank 0
     assert weight_drift({"s": first[0]}, {"s": reference.weights()}, {"s": start}) < 1e-3
     whole = sharding.local_bytes(start)
-    for weights_bytes, moment_bytes in on(client, members, held_bytes, KEY):  # each rank: about half
-        assert weights_bytes <= 0.55 * whole and moment_bytes <= 0.55 * 2 * whole
+    for weights_bytes, moment_bytes in on(client, members, held_bytes, key):  # each rank: about half
+        assert weights_bytes <= 0.55 * whole if mode == "full" else weights_bytes == whole  # ZeRO-1: whole
+        assert 0.4 * 2 * whole <= moment_bytes <= 0.6 * 2 * whole
+    parked = on(client, members, state, key)[0]
 
     # parked by both ranks, resumed by one (a world of 1), trained, parked again and resumed by two
-    on(client, members, slot.park, KEY, str(tmp_path / "k2"), {})
-    alone = TrainerGroup("solver.2", members[:1], rendezvous.address, 60.0)
-    on(client, members[:1], slot.resume, KEY, str(tiny_dir), SHARDED, 1.0, 6, str(tmp_path / "k2"), 2, None, alone)
-    assert on(client, members[:1], slot.weights, KEY)[0].keys() == first[0].keys()
-    assert all(torch.equal(a, b) for a, b in zip(on(client, members[:1], slot.weights, KEY)[0].values(),
+    on(client, members, slot.park, key, str(tmp_path / "k2"), {})
+    alone = TrainerGroup(f"solver.{mode}.2", members[:1], rendezvous.address, 60.0)
+    on(client, members[:1], slot.resume, key, str(tiny_dir), sharded, 1.0, 6, str(tmp_path / "k2"), 2, None, alone)
+    assert on(client, members[:1], slot.weights, key)[0].keys() == first[0].keys()
+    assert all(torch.equal(a, b) for a, b in zip(on(client, members[:1], slot.weights, key)[0].values(),
                                                  first[0].values(), strict=True))
-    step(client, members[:1], batches[0], alone)
+    resumed = on(client, members[:1], state, key)[0]
+    assert resumed.keys() == parked.keys() and all(torch.equal(resumed[k], parked[k]) for k in parked)
+    step(client, members[:1], key, batches[0], alone)
     reference_step(reference, batches[0])
-    second = on(client, members[:1], slot.weights, KEY)[0]
+    second = on(client, members[:1], slot.weights, key)[0]
     assert weight_drift({"s": second}, {"s": reference.weights()}, {"s": start}) < 1e-3
 
-    on(client, members[:1], slot.park, KEY, str(tmp_path / "k1"), {})
-    again = TrainerGroup("solver.3", members, rendezvous.address, 60.0)
-    on(client, members, slot.resume, KEY, str(tiny_dir), SHARDED, 1.0, 6, str(tmp_path / "k1"), 3, None, again)
-    assert on(client, members, version, KEY) == [3, 3]
-    assert all(torch.equal(a, b) for a, b in zip(on(client, members, slot.weights, KEY)[0].values(),
+    on(client, members[:1], slot.park, key, str(tmp_path / "k1"), {})
+    again = TrainerGroup(f"solver.{mode}.3", members, rendezvous.address, 60.0)
+    on(client, members, slot.resume, key, str(tiny_dir), sharded, 1.0, 6, str(tmp_path / "k1"), 3, None, again)
+    assert on(client, members, version, key) == [3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(on(client, members, slot.weights, key)[0].values(),
                                                  second.values(), strict=True))
 
 

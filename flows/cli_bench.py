@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich.table import Table
@@ -125,7 +125,9 @@ def swap(
     adapter_rank: Annotated[int, typer.Option(min=0, help="Also a LoRA adapter agent of this rank on each model "
                                                            "(0: full-model agents only).")] = 8,
     ranks: Annotated[int, typer.Option(min=0, help="Also the state sharded over this many worker processes "
-                                                    "(training.sharding: full), against one (0: not).")] = 2,
+                                                    "(training.sharding), against one (0: not).")] = 2,
+    sharding: Annotated[Literal["full", "optimizer"], typer.Option(
+        help="How --ranks shard the state: 'full' (FSDP2) or 'optimizer' (ZeRO-1).")] = "full",
 ) -> None:
     """Time moving an agent's whole training state device <-> host <-> disk <-> object store, and check it
     is bit-exact: for a full-model agent and for a LoRA adapter agent on each model; and a sharded state's
@@ -133,7 +135,7 @@ def swap(
     from flexmarl.bench.swap_bench import bench_swap
 
     report = bench_swap([m.strip() for m in models.split(",") if m.strip()], log=console.print,
-                        adapter_rank=adapter_rank, ranks=ranks)
+                        adapter_rank=adapter_rank, ranks=ranks, sharding=sharding)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_swap.json").write_text(json.dumps(report, indent=2))
     rows = list(report["models"].items())
@@ -149,7 +151,7 @@ def swap(
     for model, r in report["sharded"].items():
         rss = ", ".join(f"{b / 1e6:.0f}" for b in r["rank_peak_rss_over_start_bytes"])
         console.print(
-            f"{model} sharded over {r['ranks']}: {r['whole_state_bytes'] / 1e6:.1f} MB, per rank "
+            f"{model} sharded ({r['sharding']}) over {r['ranks']}: {r['whole_state_bytes'] / 1e6:.1f} MB, per rank "
             f"{max(r['rank_state_bytes']) / 1e6:.1f} MB; peak memory per rank {rss} MB against "
             f"{r['one_rank_peak_rss_over_start_bytes'] / 1e6:.0f} MB on one; park {r['park_s']:.2f} s, resume "
             f"{r['resume_s']:.2f} s, onto one rank {r['reshard_to_one_s']:.2f} s and back {r['reshard_back_s']:.2f} s, "

@@ -1,8 +1,8 @@
 # One-off A/B behind sharded_step_ab.json: one SmolLM2-135M optimizer step (a global batch of 32 samples of a
 # 60-token prompt and a 24-token answer, in micro-batches of 16) by one trainer on one worker process against the
-# same step sharded over two worker processes (training.sharding: full, FSDP2 over gloo). Each its own
-# LocalCluster, both alive; interleaved, median [min, max] s, and each rank's peak memory over what its process
-# held before it built the trainer.
+# same step over two worker processes, sharded by FSDP2 (training.sharding: full) and by ZeRO-1 (optimizer), over
+# gloo. Each its own LocalCluster, all alive; interleaved, median [min, max] s, and each rank's peak memory over
+# what its process held before it built the trainer.
 # Run: .venv/bin/python docs/results/sharded_step_ab.py 3
 import json
 import statistics
@@ -50,29 +50,34 @@ def start(key: EngineKey, *args) -> int:
     return before
 
 
+ONE, FULL, ZERO = "one worker", "sharded over two", "ZeRO-1 over two"
+
+
 def main(repeats: int) -> None:
     model = str(resolve_model("smollm2-135m-instruct"))
-    plain, sharded = TrainerConfig(lr=1e-6, micro_batch_size=MICRO), TrainerConfig(lr=1e-6, micro_batch_size=MICRO,
-                                                                                   sharding="full")
-    data, times, peaks = batch(), {"one worker": [], "sharded over two": []}, {}
-    cluster = dict(threads_per_worker=1, processes=True, dashboard_address=":0", env=worker_env())
-    with LocalCluster(n_workers=1, **cluster) as one, Client(one) as c1, \
-            LocalCluster(n_workers=2, **cluster) as two, Client(two) as c2:
-        register(c1), register(c2)
-        w1 = tuple(c1.scheduler_info(n_workers=-1)["workers"])
-        w2 = tuple(sorted(c2.scheduler_info(n_workers=-1)["workers"]))
-        rendezvous = Rendezvous(two.scheduler_address)  # served for as long as it is referenced
-        group = TrainerGroup("ab.1", w2, rendezvous.address, 600.0)
-        base = {"one worker": [submit_on(c1, w1[0], start, KEY, model, plain, 1.0, ANSWER, 0).result()],
-                "sharded over two": c2.gather([submit_on(c2, w, start, KEY, model, sharded, 1.0, ANSWER, 0, group)
-                                               for w in w2])}
+    configs = {ONE: TrainerConfig(lr=1e-6, micro_batch_size=MICRO),
+               FULL: TrainerConfig(lr=1e-6, micro_batch_size=MICRO, sharding="full"),
+               ZERO: TrainerConfig(lr=1e-6, micro_batch_size=MICRO, sharding="optimizer")}
+    data, times, peaks, base = batch(), {m: [] for m in configs}, {}, {}
+    options = dict(threads_per_worker=1, processes=True, dashboard_address=":0", env=worker_env())
+    with LocalCluster(n_workers=1, **options) as one, Client(one) as c1, \
+            LocalCluster(n_workers=2, **options) as full, Client(full) as c2, \
+            LocalCluster(n_workers=2, **options) as zero, Client(zero) as c3:
+        clients = {ONE: c1, FULL: c2, ZERO: c3}
+        rendezvous = {m: Rendezvous(c.scheduler.address) for m, c in clients.items()}  # served while referenced
+        workers, groups = {}, {}
+        for m, c in clients.items():
+            register(c)
+            workers[m] = tuple(sorted(c.scheduler_info(n_workers=-1)["workers"]))
+            groups[m] = TrainerGroup(f"ab.{m}", workers[m], rendezvous[m].address, 600.0) if m != ONE else None
+            base[m] = c.gather([submit_on(c, w, start, KEY, model, configs[m], 1.0, ANSWER, 0, groups[m])
+                                for w in workers[m]])
         for r in range(repeats + 1):  # the first round warms up and is not counted
-            s1, p1 = submit_on(c1, w1[0], step, KEY, data, False).result()
-            ranks = c2.gather([submit_on(c2, w, step, KEY, data, True) for w in w2])
-            if r:
-                times["one worker"].append(s1)
-                times["sharded over two"].append(max(s for s, _ in ranks))
-            peaks = {"one worker": [p1], "sharded over two": [p for _, p in ranks]}
+            for m, c in clients.items():
+                ranks = c.gather([submit_on(c, w, step, KEY, data, m != ONE) for w in workers[m]])
+                if r:
+                    times[m].append(max(s for s, _ in ranks))
+                peaks[m] = [p for _, p in ranks]
     tokens = SAMPLES * (PROMPT + ANSWER)
     report = {"command": f".venv/bin/python docs/results/sharded_step_ab.py {repeats}", "model": model,
               "samples": SAMPLES, "micro_batch": MICRO, "prompt_tokens": PROMPT, "answer_tokens": ANSWER,
@@ -80,7 +85,7 @@ def main(repeats: int) -> None:
                             "tokens_per_s": tokens / statistics.median(t),
                             "peak_rss_over_start_bytes_per_rank": [p - b for p, b in zip(peaks[m], base[m])]}
                         for m, t in times.items()}}
-    report["speedup"] = report["modes"]["one worker"]["step_s"] / report["modes"]["sharded over two"]["step_s"]
+    report["speedup"] = {m: report["modes"][ONE]["step_s"] / report["modes"][m]["step_s"] for m in (FULL, ZERO)}
     print(json.dumps(report, indent=1))
 
 

@@ -29,7 +29,8 @@ from flexmarl.bench.timing import timed
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.cluster.worker_state import EngineKey, register
 from flexmarl.models.loading import meta_model, resolve_model
-from flexmarl.training import sharding, slot
+from flexmarl.training import slot
+from flexmarl.training.sharding import full_state, held_bytes, local_bytes
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.group import Rendezvous, TrainerGroup, world_all_reduce
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
@@ -100,10 +101,10 @@ def bench_one(model: str, object_store: str = "memory://flexmarl-bench-swap",
 
 
 def bench_swap(models: Sequence[str], log: Callable[[str], None] = print, adapter_rank: int = 8,
-               ranks: int = 0) -> dict:
+               ranks: int = 0, sharding: str = "full") -> dict:
     """Each model's full training state (``models``) and, unless ``adapter_rank`` is 0, the state of a LoRA
     adapter agent of that rank on it (``adapters``): what a slot moves for each kind of agent. With ``ranks``,
-    also the state sharded over that many worker processes (``sharded``, ``bench_sharded``)."""
+    also the state sharded over that many worker processes as ``sharding`` says (``sharded``, ``bench_sharded``)."""
     report: dict = {"models": {}, "adapters": {}, "sharded": {}}
     for model in models:
         log(f"swap benchmark: {model}")
@@ -113,7 +114,7 @@ def bench_swap(models: Sequence[str], log: Callable[[str], None] = print, adapte
             adapter = AdapterConfig(r=adapter_rank, alpha=2 * adapter_rank)
             report["adapters"][model] = {"r": adapter_rank, **bench_one(model, adapter=adapter)}
         if ranks:
-            report["sharded"][model] = bench_sharded(model, ranks, log)
+            report["sharded"][model] = bench_sharded(model, ranks, log, sharding)
     report["bit_exact"] = all(m["bit_exact"] for kind in ("models", "adapters", "sharded")
                               for m in report[kind].values())
     report["device"] = next(iter(report["models"].values()))["device"] if report["models"] else "cpu"
@@ -142,14 +143,14 @@ def _start(key: EngineKey, *args) -> int:
 def _held(key: EngineKey) -> tuple[int, dict[str, torch.Tensor]]:
     """This rank's bytes of the state, and the whole state on rank 0 (every rank calls it)."""
     held = slot.trainer(key)
-    return (sharding.held_bytes(held.policy_state(), held.optimizer),
-            sharding.full_state(held.model, held.optimizer))
+    return (held_bytes(held.policy_state(), held.optimizer),
+            full_state(held.model, held.optimizer))
 
 
-def bench_sharded(model: str, ranks: int = 2, log: Callable[[str], None] = print) -> dict:
-    """A sharded agent's state (``training.sharding: full``) over ``ranks`` worker processes: each rank's bytes
-    and peak memory against one rank holding it all, and the time to park it, resume it over the same ranks, over
-    one (resharding) and back, each round trip compared bit by bit.
+def bench_sharded(model: str, ranks: int = 2, log: Callable[[str], None] = print, sharding: str = "full") -> dict:
+    """A sharded agent's state (``training.sharding``: 'full' or 'optimizer') over ``ranks`` worker processes: each
+    rank's bytes and peak memory against one rank holding it all, and the time to park it, resume it over the
+    same ranks, over one (resharding) and back, each round trip compared bit by bit.
 
     Two fresh LocalClusters: ``ranks`` workers, and one worker for the single-rank figures.
     """
@@ -158,14 +159,14 @@ def bench_sharded(model: str, ranks: int = 2, log: Callable[[str], None] = print
     from flexmarl.cluster.local import submit_on, worker_env
 
     model_dir = str(resolve_model(model))
-    config = TrainerConfig(lr=1e-5, lr_warmup_steps=2, sharding="full")
+    config = TrainerConfig(lr=1e-5, lr_warmup_steps=2, sharding=sharding)
     key = EngineKey("bench-shards", "bench")
     vocab = _vocabulary(model_dir)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (2 * ranks, 24), generator=g).tolist()
     batch = TrainBatch([f"s{i}" for i in range(len(ids))], [i[:16] for i in ids], [i[16:] for i in ids],
                        [[-1.0] * 8] * len(ids), [1.0, -1.0] * ranks, [0] * len(ids))
-    result: dict = {"ranks": ranks}
+    result: dict = {"ranks": ranks, "sharding": sharding}
 
     def cluster(n: int):
         return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
@@ -182,12 +183,12 @@ def bench_sharded(model: str, ranks: int = 2, log: Callable[[str], None] = print
         def group(name: str, who: tuple[str, ...]) -> TrainerGroup:
             return TrainerGroup(name, who, rendezvous.address, 600.0)
 
-        log(f"sharded swap benchmark: {model} over {ranks} ranks")
+        log(f"sharded swap benchmark: {model} over {ranks} ranks ({sharding})")
         base = on(members, client, _start, key, model_dir, config, 1.0, 8, 0, group("b.1", members))
         peaks = on(members, client, _train_once, key, batch)
         held = on(members, client, _held, key)
         trained = held[0][1]
-        result["whole_state_bytes"] = sharding.local_bytes(trained)
+        result["whole_state_bytes"] = local_bytes(trained)
         result["rank_state_bytes"] = [h[0] for h in held]
         result["rank_peak_rss_over_start_bytes"] = [p - b for p, b in zip(peaks, base, strict=True)]
         result["park_s"] = timed(lambda: on(members, client, slot.park, key, f"{tmp}/k", {}))

@@ -266,8 +266,8 @@ class AgentTrainer:
         self.mesh = mesh
         self.fsdp = mesh is not None and config.sharding == "full"  # else its weights are whole on every rank
         if mesh is not None and (config.adapter is not None or not config.sharded):
-            raise ValueError(f"agent {agent!r}: a trainer over a mesh is sharded ('optimizer' or 'full'), and an "
-                             "adapter agent's is not")
+            raise ValueError(f"agent {agent!r}: a trainer over a mesh needs training.sharding 'optimizer' or "
+                             "'full', and no adapter")
         if config.adapter is not None:
             self.host = host or AdapterHost(model_dir, self.accelerator.device)
             self.adapter = self.host.add(agent, config.adapter)

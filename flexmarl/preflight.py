@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from dask.utils import format_bytes
@@ -69,23 +70,26 @@ def check_inputs(cfg: RunConfig) -> None:
     check_training_memory(cfg)
 
 
+@dataclass(frozen=True)
+class RankState:
+    """What one rank of a full-model trainer holds at its optimizer step, in bytes per parameter."""
+
+    whole: int  # held whole by every rank
+    divided: int  # divided over the ranks
+    what: str  # the same, in words, for the error
+
+
 BYTES_PER_PARAMETER = {
-    "none": (4 + 4 + 8 + 8, 0),
-    "optimizer": (4 + 4 + 8, 8),
-    "full": (4, 4 + 4 + 8 + 8),
+    "none": RankState(4 + 4 + 8 + 8, 0, "float32 weights and gradient, two AdamW moments, the float64 gradient sum"),
+    "optimizer": RankState(4 + 4 + 8, 8, "float32 weights and gradient and the float64 gradient sum on every rank, "
+                                         "the two AdamW moments divided over the ranks"),
+    "full": RankState(4, 4 + 4 + 8 + 8, "the whole float32 weights each rank loads and its home keeps, and its "
+                                        "share of the weights, gradient, two AdamW moments and float64 gradient sum"),
 }
-"""What a full-model trainer's rank holds at its optimizer step, by ``training.sharding``: (bytes per parameter
-that every rank holds whole, bytes per parameter divided over the ranks). The state is float32 weights and
-gradient, the two AdamW moments, and the float64 gradient sum the micro-batches add into
-(``AgentTrainer.begin_step``). ZeRO-1 divides the moments; FSDP2 divides all of it, but each rank loads the
-whole weights before sharding them, and the home keeps them gathered for the weight syncs."""
-WHAT_IS_HELD = {
-    "none": "float32 weights and gradient, two AdamW moments, the float64 gradient sum",
-    "optimizer": "float32 weights and gradient and the float64 gradient sum on every rank, the two AdamW moments "
-                 "divided over the ranks",
-    "full": "the whole float32 weights each rank loads and its home keeps, and its share of the weights, "
-            "gradient, two AdamW moments and float64 gradient sum",
-}
+"""A rank's state by ``training.sharding``: float32 weights and gradient, the two AdamW moments, and the float64
+gradient sum the micro-batches add into (``AgentTrainer.begin_step``). ZeRO-1 divides the moments; FSDP2
+divides all of it, but each rank loads the whole weights before sharding them, and the home keeps them
+gathered for the weight syncs."""
 
 
 def training_state_bytes(model_dir: Path, *, kl: bool, sharding: str = "none", ranks: int = 1) -> int:
@@ -94,7 +98,8 @@ def training_state_bytes(model_dir: Path, *, kl: bool, sharding: str = "none", r
     ``kl``: with the frozen reference copy that a KL penalty reads (sharded only by FSDP2)."""
     unique = {id(p): p for p in meta_model(model_dir).parameters()}.values()
     params = sum(p.numel() for p in unique)
-    whole, divided = BYTES_PER_PARAMETER[sharding]
+    held = BYTES_PER_PARAMETER[sharding]
+    whole, divided = held.whole, held.divided
     if kl:
         whole, divided = (whole, divided + 4) if sharding == "full" else (whole + 4, divided)
     return params * whole + -(-params * divided // ranks)
@@ -121,9 +126,10 @@ def check_training_memory(cfg: RunConfig) -> None:
                                     ranks=ranks)
         if need <= limit:
             continue
-        whole, divided = BYTES_PER_PARAMETER[trainer.sharding]
-        per = f"{whole} bytes per parameter" + (f" and {divided} over the ranks" if trainer.sharded else "")
-        held = f"{per}{' + 4 for the KL reference' if kl else ''}: {WHAT_IS_HELD[trainer.sharding]}"
+        rank_state = BYTES_PER_PARAMETER[trainer.sharding]
+        per = f"{rank_state.whole} bytes per parameter" + (
+            f" and {rank_state.divided} over the ranks" if trainer.sharded else "")
+        held = f"{per}{' + 4 for the KL reference' if kl else ''}: {rank_state.what}"
         what = f"its training state needs at least {format_bytes(need)} ({held})"
         fix = (f"or shard it over several slots (agents.{name}.training.sharding: 'full', or 'optimizer' for the "
                "AdamW moments only, with training.max_slots: the number of slots; a data-parallel trainer group "

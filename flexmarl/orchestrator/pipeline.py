@@ -473,7 +473,7 @@ class PipelineRunner:
             self.state_moves.append(StateMove(job.agent, job.worker, resumed.load_s, resumed.prefetch is not None,
                                               prefetch_s))
             self._notify(self.state_moves[-1])
-        if sched.done(job, value) and isinstance(job, Sync):
+        if sched.done(job, value, seconds=end - start) and isinstance(job, Sync):
             last = sched.training.pending_syncs[job.agent] == 0
             fetch = self.weights.get(job.agent)
             if last and fetch is not None and fetch.version == job.version:

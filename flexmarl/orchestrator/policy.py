@@ -34,6 +34,17 @@ class AgentShape:
     sharded: bool = False  # ``training.sharding`` not 'none': its trainer spans ``sharded_ranks`` for the whole run
 
 
+@dataclass(frozen=True)
+class GrowthPrice:
+    """What one more rank of an agent's trainer group would cost and save, in seconds, as the scheduler has seen
+    such jobs take (``prices.JobPrices``)."""
+
+    micro_batch_s: float  # one micro-batch trained on one rank
+    join_s: float  # rank-seconds the join spends (0: the slot holds a copy at the agent's version)
+    reduce_s: float  # what the larger group adds to the optimizer step's all-reduce
+    displaced_s: float  # moving the states of the agents whose home the slot is and that train this step
+
+
 class TrainingDue(Enum):
     """What an agent's trainer should do next for its step."""
 
@@ -133,17 +144,30 @@ class SchedulePolicy:
             return max(m.committed_at for m in batches), None
         return None
 
-    def grows(self, unsent: int, ranks: int, max_slots: int, *, copy_held: bool = False) -> bool:
+    def grows(self, unsent: int, ranks: int, max_slots: int, *, copy_held: bool = False,
+              price: GrowthPrice | None = None) -> bool:
         """May an agent whose trainer group holds ``ranks`` slots take an idle one more for its current step?
 
-        Only where the step still has micro-batches that were not sent to a rank (``unsent``, committed or
-        not) for each slot it would then hold: ``grow_at`` per slot it holds where the new rank must first
-        copy the state (a join costs a park and a resume), one where the slot already holds a copy at the
-        agent's version (``copy_held``: it trained the agent's last step). The group keeps its slots until
-        the step's optimizer step (its gradient sum cannot be handed over sooner) and shrinks at the step's
-        end: its slots are free again, and agents waiting for one bind first.
+        Priced (``price``, from the jobs seen so far): where the step's micro-batches not yet sent to a rank
+        (``unsent``, committed or not) end sooner on one rank more, by more than the larger all-reduce and the
+        moves of the agents the slot is home to cost. With ``r`` ranks that work takes ``W / r``; with one more
+        it takes ``(W + J) / (r + 1)``, where ``J`` is the rank-seconds the join spends (the home's park, the new
+        rank's wait for it and its resume; none where the slot holds a copy at the agent's version).
+
+        Unpriced (a cost not seen yet): by count, as a first guess that lets the costs be seen: ``grow_at``
+        micro-batches per slot it would then hold where the new rank must first copy the state, one where the
+        slot holds a copy (``copy_held``: it trained the agent's last step).
+
+        The group keeps its slots until the step's optimizer step (its gradient sum cannot be handed over
+        sooner) and shrinks at the step's end: its slots are free again, and agents waiting for one bind first.
         """
-        return ranks < max_slots and unsent >= (1 if copy_held else self.grow_at) * ranks
+        if ranks >= max_slots:
+            return False
+        if price is None:
+            return unsent >= (1 if copy_held else self.grow_at) * ranks
+        work = unsent * price.micro_batch_s
+        saved = work / ranks - (work + price.join_s) / (ranks + 1)
+        return saved > price.reduce_s + price.displaced_s
 
     @staticmethod
     def pick_slot(free: Sequence[str], *preferred: str | None) -> str:

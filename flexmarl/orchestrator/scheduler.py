@@ -222,10 +222,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ events in
 
-    def done(self, job: Job, value: object = None) -> bool:
-        """A job finished; False if it was given up meanwhile (nothing happens then)."""
+    def done(self, job: Job, value: object = None, seconds: float | None = None) -> bool:
+        """A job finished, after ``seconds`` on its worker (the growth rule's prices); False if it was given up
+        meanwhile (nothing happens then)."""
         if not self.inflight.pop(job):
             return False
+        if seconds is not None:
+            self.training.prices.observe(job, seconds)
         if isinstance(job, Generate):
             self.rollout.generated(job)
         elif isinstance(job, Train):

@@ -7,8 +7,9 @@ waited longest first, preferring the slot its state was prefetched to, then the 
 elsewhere its state moves there first (parked by one worker, resumed by the other). Agents still waiting get
 their states prefetched to the slots likely to free next.
 
-Trainer groups (``training.max_slots`` > 1): once no agent waits for a slot, a bound agent with enough of its
-step left (``SchedulePolicy.grows``) takes an idle slot more. That rank joins its group (``Join``: it resumes the
+Trainer groups (``training.max_slots`` > 1): once no agent waits for a slot, a bound agent whose step ends
+sooner on one rank more, by more than the rank costs (``SchedulePolicy.grows``, priced by what its jobs have taken:
+``prices.py``), takes an idle slot more. That rank joins its group (``Join``: it resumes the
 state the agent's home parks, unless it still holds a copy at the agent's version), trains whole micro-batches
 of the step (each goes to the rank with the fewest queued), and the optimizer step is one ``Finish`` per rank,
 a collective. The group keeps its slots until then; every rank then holds the new weights, so a rank that
@@ -35,7 +36,8 @@ from flexmarl.orchestrator.commands import (
     BLOCKING, Commit, Discard, Finish, InFlight, JobKind, Join, MicroBatch, MoveState, Park, Prefetch, RecordUpdate,
     Snapshot, StoredBatch, Train,
 )
-from flexmarl.orchestrator.policy import SchedulePolicy, sharded_ranks
+from flexmarl.orchestrator.policy import GrowthPrice, SchedulePolicy, sharded_ranks
+from flexmarl.orchestrator.prices import JobPrices
 
 
 class TrainingBindings:
@@ -85,6 +87,7 @@ class TrainingBindings:
         self.pending_syncs = {a: 0 for a in self.agents}
         self._work_stale: set[str] = set(self.agents)  # agents whose training answer may have changed
         self._work: dict[str, tuple | None] = {}
+        self.prices = JobPrices()  # what its training jobs have taken so far: the growth rule's prices
 
     # ------------------------------------------------------------------ micro-batches
 
@@ -190,23 +193,57 @@ class TrainingBindings:
 
     def _grow(self, free: list[str]) -> None:
         """No agent waits for a slot: give idle slots to the bound agents with the most of their step unsent
-        (``SchedulePolicy.grows``), one slot per agent per turn."""
+        (``SchedulePolicy.grows``, priced by the jobs seen so far), one slot per agent per turn. A new rank takes
+        a slot holding a copy at the agent's version, else one that is home to no agent training this step,
+        else the first idle one."""
         unsent = {a: sum(not m.submitted for m in self.micro.get((a, self.versions[a]), []))
                   for a, members in self.bound.items() if members and not self.blocked[a] and a not in self.sharded}
         for agent in sorted(unsent, key=lambda a: (-unsent[a], a)):
+            if not free:
+                return
             members = self.bound[agent]
             fresh = [w for w in self._fresh(agent) if w in free]
-            if not free or not self.policy.grows(unsent[agent], len(members), self.max_slots[agent],
-                                                 copy_held=bool(fresh)):
+            target = self.policy.pick_slot(free, *fresh, *(w for w in free if not self._displaced(agent, w)))
+            copy_held = target in fresh
+            if not self.policy.grows(unsent[agent], len(members), self.max_slots[agent], copy_held=copy_held,
+                                     price=self._growth_price(agent, target, len(members), copy_held=copy_held)):
                 continue
-            target = self.policy.pick_slot(free, *fresh)
             free.remove(target)
             self.bound[agent] = (*members, target)
             self._work_stale.add(agent)
-            if target not in fresh:
+            if not copy_held:
                 self._park(agent)
                 self.joining[agent].add(target)
                 self.emit(Join(agent, target, self.location[agent]))
+
+    def _displaced(self, agent: str, worker: str) -> list[str]:
+        """The other agents whose trainer lives on ``worker``, unbound, with micro-batches of their step still to
+        train: a rank of ``agent`` there makes them move elsewhere (or wait) when they bind."""
+        return [a for a, home in self.location.items()
+                if home == worker and a != agent and not self.bound.get(a) and a not in self.sharded
+                and any(not m.trained for m in self.micro.get((a, self.versions[a]), []))]
+
+    def _growth_price(self, agent: str, target: str, ranks: int, *, copy_held: bool) -> GrowthPrice | None:
+        """What a rank of ``agent`` on ``target`` costs, from the jobs seen so far; None while a cost it needs has
+        not been seen (the rule then counts micro-batches)."""
+        prices = self.prices
+        micro_batch_s = prices.of(agent, "train")
+        if micro_batch_s is None:
+            return None
+        join_s = 0.0
+        if not copy_held:
+            park, resume = prices.of(agent, "park"), prices.of(agent, "resume")
+            if park is None or resume is None:
+                return None
+            # the home parks (unless it has) instead of training, and the new rank waits for that park and resumes
+            join_s = resume + (0.0 if agent in self.parked else 2 * park)
+        displaced_s = 0.0
+        for other in self._displaced(agent, target):
+            move = prices.move_s(other) or prices.move_s(agent)
+            if move is None:
+                return None
+            displaced_s += move
+        return GrowthPrice(micro_batch_s, join_s, prices.reduce_s(agent, ranks), displaced_s)
 
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.

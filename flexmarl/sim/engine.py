@@ -25,6 +25,7 @@ from flexmarl.orchestrator.commands import (
     Request, StepDone, Sync, Train,
 )
 from flexmarl.orchestrator.policy import AgentShape, SchedulePolicy, deal_replicas
+from flexmarl.orchestrator.prices import ring_share
 from flexmarl.orchestrator.scheduler import Scheduler
 from flexmarl.rollout.balancer import InterAgentBalancer
 from flexmarl.sim.costmodel import Layout, SimPreset
@@ -351,9 +352,7 @@ class Simulation:
     def _all_reduce_s(self, agent: str, ranks: int) -> float:
         """Seconds of a ring all-reduce of the agent's gradients over ``ranks`` (k) slots: each sends and receives
         2 (k - 1) / k of them over its link (none for one slot)."""
-        if ranks <= 1:
-            return 0.0
-        return 2 * (ranks - 1) / ranks * self.preset.model_of(agent).gradient_gb / self.preset.cluster.link_gb_per_s
+        return ring_share(ranks) * self.preset.model_of(agent).gradient_gb / self.preset.cluster.link_gb_per_s
 
     def _record_span(self, worker: Worker, job: Running) -> None:
         w, k, a, s, e = self._spans
@@ -366,7 +365,7 @@ class Simulation:
 
     def _finished(self, running: Running) -> None:
         job = running.job
-        self.sched.done(job)
+        self.sched.done(job, seconds=running.duration)
         if isinstance(job, Generate):
             self.tokens += running.generated
             if running.ends is None:  # static batching: every result returns with the batch

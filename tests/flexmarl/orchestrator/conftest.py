@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -39,10 +40,12 @@ def make(mode: str = "flexmarl", *, steps: int = 2, staleness: int = 0, pipeline
 
 class Script:
     """Carries out a scheduler's commands at once and finishes its jobs when told (``finish``), or in a
-    seeded random order (``run``). Everything it saw is kept for the test to read."""
+    seeded random order (``run``). Everything it saw is kept for the test to read. ``seconds``: what each job
+    is reported to have taken (the growth rule's prices); none by default."""
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: Scheduler, seconds: Callable[[Job], float] | None = None) -> None:
         self.s = sched
+        self.seconds = seconds
         self.running: list[Job] = []
         self.log: list[object] = []
         self.trained: list[tuple[str, int, int]] = []  # (agent, step, micro-batch index), each training job done
@@ -74,7 +77,8 @@ class Script:
     def finish(self, job: Job, value: object = None) -> None:
         self.running.remove(job)
         self.now += 1.0
-        if self.s.done(job, value) and job.kind is JobKind.GENERATE:
+        seconds = self.seconds(job) if self.seconds else None
+        if self.s.done(job, value, seconds) and job.kind is JobKind.GENERATE:
             for r in job.requests:
                 self.s.node_done(r)
         if job.kind is JobKind.TRAIN:

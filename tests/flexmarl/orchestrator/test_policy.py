@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from flexmarl.orchestrator.policy import SchedulePolicy, TrainingDue, deal_replicas, micro_batch_of
+from flexmarl.orchestrator.commands import Finish, Join, MicroBatch, MoveState, Park, Train
+from flexmarl.orchestrator.policy import GrowthPrice, SchedulePolicy, TrainingDue, deal_replicas, micro_batch_of
+from flexmarl.orchestrator.prices import WINDOW, JobPrices
 
 
 def policy(mode: str = "flexmarl", *, pipeline: bool = True, k: int = 0) -> SchedulePolicy:
@@ -86,9 +88,42 @@ def test_replica_slots_are_dealt_round_robin_and_every_agent_gets_one() -> None:
     assert sorted(a for _, a in dealt) == sorted([f"a{i}" for i in range(5)] + ["a0"])
 
 
-def test_a_group_grows_with_enough_of_its_step_left_for_the_new_rank_and_never_past_max_slots() -> None:
+def test_unpriced_a_group_grows_with_enough_of_its_step_left_for_the_new_rank_and_never_past_max_slots() -> None:
     p = policy()
     assert p.grows(2, 1, 2) and not p.grows(1, 1, 2)  # a join copies the state: grow_at (2) micro-batches per rank
     assert p.grows(1, 1, 2, copy_held=True)  # a slot holding a copy at the agent's version: one is enough
     assert not p.grows(4, 2, 2) and p.grows(4, 2, 3) and not p.grows(3, 2, 3)
     assert not p.grows(9, 1, 1, copy_held=True)  # max_slots 1: never
+
+
+def test_priced_a_group_grows_only_where_its_step_ends_sooner_by_more_than_the_rank_costs() -> None:
+    p = policy()
+    join = GrowthPrice(micro_batch_s=10.0, join_s=14.0, reduce_s=2.0, displaced_s=0.0)
+    # one rank: 10 s per micro-batch left; two: (10 u + 14) / 2, and the step's all-reduce costs 2 s more
+    assert p.grows(2, 1, 2, price=join) and not p.grows(1, 1, 2, price=join)  # saves 3 s > 2 s; -2 s
+    assert not p.grows(3, 1, 2, price=GrowthPrice(10.0, 14.0, 9.0, 0.0))  # 8 s saved < 9 s of all-reduce
+    displacing = GrowthPrice(10.0, 14.0, 2.0, displaced_s=9.0)  # the slot is home to an agent training this step
+    assert not p.grows(3, 1, 2, price=displacing) and p.grows(4, 1, 2, price=displacing)  # 8 s < 11 s < 13 s
+    held = GrowthPrice(10.0, 0.0, 2.0, 0.0)  # the slot holds a copy: nothing to load
+    assert p.grows(1, 1, 2, price=held) and p.grows(2, 2, 3, price=held) and not p.grows(1, 2, 3, price=held)
+    assert not p.grows(99, 2, 2, price=held)  # never past max_slots
+
+
+def test_prices_are_the_medians_of_the_recent_jobs_seen() -> None:
+    prices = JobPrices()
+    mb = MicroBatch("a", 0, 0, {0})
+    assert prices.of("a", "train") is None and prices.move_s("a") is None and prices.reduce_s("a", 1) == 0.0
+    for seconds in (50.0, *[4.0] * WINDOW):  # the first, slow one has left the window
+        prices.observe(Train("a", "w0", mb), seconds)
+    assert prices.of("a", "train") == 4.0 and prices.of("b", "train") is None
+    prices.observe(Park("a", "w0"), 3.0)
+    assert prices.move_s("a") is None  # a move is a park and a resume
+    prices.observe(MoveState("a", "w1", "w0", prefetched=True), 0.5)  # read ahead: not a resume's price
+    assert prices.move_s("a") is None
+    prices.observe(Join("a", "w1", "w0"), 5.0)
+    assert prices.move_s("a") == 8.0
+    prices.observe(Finish("a", "w0", 0, ("w0", "w1")), 9.0)  # a group's step before a one-rank one: not priced
+    assert prices.reduce_s("a", 1) == 0.0
+    prices.observe(Finish("a", "w0", 0), 6.0)
+    prices.observe(Finish("a", "w0", 1, ("w0", "w1", "w2", "w3")), 9.0)  # 3 s more at 2 (k - 1) / k = 1.5
+    assert prices.reduce_s("a", 1) == 2.0 and abs(prices.reduce_s("a", 3) - 1 / 3) < 1e-12  # 2 x (3/2 - 4/3)

@@ -59,6 +59,36 @@ def test_a_bound_agent_grows_into_an_idle_slot_its_home_parks_for_and_trains_the
     advance(s, lambda s: any(t.worker == join.worker for t in s.jobs(JobKind.TRAIN, "planner")))
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_join_that_costs_more_than_it_saves_is_not_made_once_its_cost_is_seen(scheduler, script, seed) -> None:
+    """Jobs report their seconds: a micro-batch 1 s, a park or a resume 30 s, so a join never pays for itself.
+    Until an agent's park and resume were seen, the rule counts micro-batches (so they are seen); after, the
+    agent makes no join. Unpriced (no seconds reported), the same schedule joins more often."""
+    def run(priced: bool) -> tuple[list[Join], dict[str, int]]:
+        seen: dict[str, set[JobKind]] = {a: set() for a in AGENTS}
+        priced_at: dict[str, int] = {}  # agent -> the log's length when both its park and its resume were seen
+
+        def seconds(job) -> float:
+            if job.kind in (JobKind.PARK, JobKind.JOIN, JobKind.MOVE_STATE):
+                seen[job.agent].add(JobKind.PARK if job.kind is JobKind.PARK else JobKind.JOIN)
+                if len(seen[job.agent]) == 2:
+                    priced_at.setdefault(job.agent, len(s.log))
+                return 30.0
+            return 1.0
+
+        s = script(scheduler("flexmarl", steps=6, queries=8, group=1, micro=1, slots=("t0", "t1", "t2", "t3"),
+                             max_slots=2, location={"planner": "t0", "solver": "t1", "judge": "t2"}),
+                   seconds=seconds if priced else None)
+        s.run(seed)
+        assert s.s.versions == {a: 6 for a in AGENTS}
+        joins = [(i, c) for i, c in enumerate(s.log) if isinstance(c, Join)]
+        return joins, priced_at
+
+    joins, priced_at = run(priced=True)
+    assert all(i < priced_at.get(j.agent, float("inf")) for i, j in joins)  # each made before it was priced
+    assert len(run(priced=False)[0]) > len(joins)
+
+
 def test_no_growth_while_an_agent_waits_for_a_slot_nor_past_max_slots(scheduler, script) -> None:
     s = script(scheduler("sync", queries=8, slots=("t0", "t1"), max_slots=2))
     advance(s, lambda s: s.jobs(JobKind.TRAIN))

@@ -13,6 +13,7 @@ The modes differ only in the answers:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -40,9 +41,10 @@ class GrowthPrice:
     such jobs take (``prices.JobPrices``)."""
 
     micro_batch_s: float  # one micro-batch trained on one rank
-    join_s: float  # rank-seconds the join spends (0: the slot holds a copy at the agent's version)
+    park_s: float  # the home's park of the state for the new rank, instead of training (0: parked, or no join)
+    join_s: float  # until the new rank may train: the park and its resume (0: the slot holds a copy)
     reduce_s: float  # what the larger group adds to the optimizer step's all-reduce
-    displaced_s: float  # moving the states of the agents whose home the slot is and that train this step
+    displaced_s: float  # moving the agents whose home the slot is and that train this step (inf: not priced yet)
 
 
 class TrainingDue(Enum):
@@ -58,7 +60,7 @@ class SchedulePolicy:
     steps: int
     pipeline: bool  # train micro-batches while the rest of the batch is generated
     max_staleness: dict[str, int]  # per agent: how many versions behind a sample's generator may be
-    queue_depth: int = 2  # micro-batches of one agent queued on each slot of its trainer group at once
+    queue_depth: int = 2  # micro-batches of one agent queued at once on its slot (a group's ranks: one each)
     grow_at: int = 2  # micro-batches not yet sent, per slot the group holds, for it to copy its state to one more
     micro_batch_generation: bool = False  # pipelined: generation batches of one micro-batch (``batch_limit``)
 
@@ -117,12 +119,15 @@ class SchedulePolicy:
     ) -> TrainingDue | None:
         """What ``agent``'s trainer should do next for ``step``, or nothing (None).
 
-        A micro-batch: its oldest committed, unsubmitted one (``ready``). Up to ``queue_depth`` of them wait on
-        each of its ``ranks`` slots (``queued`` in all), so a slot never idles while the driver turns one
-        around; gradients sum in float64, so their order (and rank) does not matter. The optimizer step: once
+        A micro-batch: its oldest committed, unsubmitted one (``ready``), while the least queued of its ``ranks``
+        slots holds fewer than ``queued``: on one slot ``queue_depth``, so the slot never idles while the driver
+        turns one around; in a group one each, since the step ends with its last rank, and a micro-batch queued
+        behind a busy rank while another idles would hold it back (a turnaround is milliseconds, a micro-batch
+        seconds). Gradients sum in float64, so their order (and rank) does not matter. The optimizer step: once
         the agent's whole batch is committed and trained (``all_trained``).
         """
-        if ready and queued < self.queue_depth * ranks and self.may_train(agent, step, complete):
+        depth = self.queue_depth if ranks <= 1 else 1
+        if ready and queued < depth and self.may_train(agent, step, complete):
             return TrainingDue.MICRO_BATCH
         if step in complete[agent] and all_trained:
             return TrainingDue.OPTIMIZER_STEP
@@ -150,13 +155,13 @@ class SchedulePolicy:
 
         Priced (``price``, from the jobs seen so far): where the step's micro-batches not yet sent to a rank
         (``unsent``, committed or not) end sooner on one rank more, by more than the larger all-reduce and the
-        moves of the agents the slot is home to cost. With ``r`` ranks that work takes ``W / r``; with one more
-        it takes ``(W + J) / (r + 1)``, where ``J`` is the rank-seconds the join spends (the home's park, the new
-        rank's wait for it and its resume; none where the slot holds a copy at the agent's version).
+        moves of the agents the slot is home to cost. Micro-batches are whole (``training_ends``): the new rank
+        starts once the home has parked the state (the home trains nothing meanwhile) and the rank has resumed it,
+        at once where the slot holds a copy at the agent's version; the group's step ends with its last rank.
 
-        Unpriced (a cost not seen yet): by count, as a first guess that lets the costs be seen: ``grow_at``
-        micro-batches per slot it would then hold where the new rank must first copy the state, one where the
-        slot holds a copy (``copy_held``: it trained the agent's last step).
+        Unpriced (a cost of the agent's own not seen yet): by count, as a first guess that lets the costs be
+        seen: ``grow_at`` micro-batches per slot it would then hold where the new rank must first copy the
+        state, one where the slot holds a copy (``copy_held``: it trained the agent's last step).
 
         The group keeps its slots until the step's optimizer step (its gradient sum cannot be handed over
         sooner) and shrinks at the step's end: its slots are free again, and agents waiting for one bind first.
@@ -165,9 +170,9 @@ class SchedulePolicy:
             return False
         if price is None:
             return unsent >= (1 if copy_held else self.grow_at) * ranks
-        work = unsent * price.micro_batch_s
-        saved = work / ranks - (work + price.join_s) / (ranks + 1)
-        return saved > price.reduce_s + price.displaced_s
+        now = training_ends(unsent, price.micro_batch_s, [0.0] * ranks)
+        grown = training_ends(unsent, price.micro_batch_s, [price.park_s] + [0.0] * (ranks - 1) + [price.join_s])
+        return now - grown > price.reduce_s + price.displaced_s
 
     @staticmethod
     def pick_slot(free: Sequence[str], *preferred: str | None) -> str:
@@ -192,6 +197,18 @@ class SchedulePolicy:
         generation outstanding); ties by name. A Dask worker runs one task at a time, so a batch sent to a
         worker that trains waits for the training."""
         return min(sorted(load), key=load.__getitem__)
+
+
+def training_ends(micro_batches: int, seconds: float, free_at: Sequence[float]) -> float:
+    """When ``micro_batches`` of ``seconds`` each end on ranks free at ``free_at`` (seconds from now), each sent to
+    the rank that frees first, whole: the step's training ends with its last rank."""
+    ranks, end = list(free_at), 0.0
+    heapq.heapify(ranks)
+    for _ in range(micro_batches):
+        done = heapq.heappop(ranks) + seconds
+        heapq.heappush(ranks, done)
+        end = max(end, done)
+    return end
 
 
 def sharded_ranks(slots: Sequence[str], max_slots: int) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ every dispatch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from flexmarl.orchestrator.commands import (
@@ -224,26 +225,24 @@ class TrainingBindings:
                 and any(not m.trained for m in self.micro.get((a, self.versions[a]), []))]
 
     def _growth_price(self, agent: str, target: str, ranks: int, *, copy_held: bool) -> GrowthPrice | None:
-        """What a rank of ``agent`` on ``target`` costs, from the jobs seen so far; None while a cost it needs has
-        not been seen (the rule then counts micro-batches)."""
+        """What a rank of ``agent`` on ``target`` costs, from the jobs seen so far; None while a cost of the agent's
+        own has not been seen (the rule then counts micro-batches). A slot that is home to another agent training
+        this step is taken on prices only, never by count: displacing it costs a move that is not guessed."""
         prices = self.prices
+        displaced = [prices.move_s(other) for other in self._displaced(agent, target)]
+        displaced_s = math.inf if None in displaced else sum(displaced)
         micro_batch_s = prices.of(agent, "train")
-        if micro_batch_s is None:
-            return None
-        join_s = 0.0
+        park_s = join_s = 0.0
         if not copy_held:
             park, resume = prices.of(agent, "park"), prices.of(agent, "resume")
             if park is None or resume is None:
-                return None
-            # the home parks (unless it has) instead of training, and the new rank waits for that park and resumes
-            join_s = resume + (0.0 if agent in self.parked else 2 * park)
-        displaced_s = 0.0
-        for other in self._displaced(agent, target):
-            move = prices.move_s(other) or prices.move_s(agent)
-            if move is None:
-                return None
-            displaced_s += move
-        return GrowthPrice(micro_batch_s, join_s, prices.reduce_s(agent, ranks), displaced_s)
+                micro_batch_s = None
+            else:  # the home parks (unless it has) instead of training; the new rank waits for that, then resumes
+                park_s = 0.0 if agent in self.parked else park
+                join_s = park_s + resume
+        if micro_batch_s is None:
+            return None if displaced_s == 0 else GrowthPrice(0.0, 0.0, 0.0, 0.0, displaced_s)
+        return GrowthPrice(micro_batch_s, park_s, join_s, prices.reduce_s(agent, ranks), displaced_s)
 
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:
         """(ready since, micro-batch to train or None for the optimizer step), or None when nothing is due.
@@ -253,9 +252,10 @@ class TrainingBindings:
         step = self.versions[agent]  # the update to step + 1 consumes step's batch
         if self.blocked[agent] or (agent, step) not in self.micro:
             return None
-        ranks = len(self.bound.get(agent, ())) - len(self.joining[agent])
+        ranks = [w for w in self.bound.get(agent, ()) if w not in self.joining[agent]]
+        queued = min((self.on_rank[agent].get(w, 0) for w in ranks), default=0)  # on its least queued rank
         work = self.policy.training_work(agent, step, self.micro[(agent, step)], self.complete,
-                                         queued=sum(self.on_rank[agent].values()), ranks=max(ranks, 1))
+                                         queued=queued, ranks=len(ranks))
         if work is not None and work[1] is None and self.joining[agent]:
             return None  # the optimizer step is every rank's: it waits for the ranks still joining
         return work

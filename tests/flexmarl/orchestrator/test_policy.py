@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import math
+
 from flexmarl.orchestrator.commands import Finish, Join, MicroBatch, MoveState, Park, Train
-from flexmarl.orchestrator.policy import GrowthPrice, SchedulePolicy, TrainingDue, deal_replicas, micro_batch_of
+from flexmarl.orchestrator.policy import (
+    GrowthPrice, SchedulePolicy, TrainingDue, deal_replicas, micro_batch_of, training_ends,
+)
 from flexmarl.orchestrator.prices import WINDOW, JobPrices
 
 
@@ -98,15 +102,31 @@ def test_unpriced_a_group_grows_with_enough_of_its_step_left_for_the_new_rank_an
 
 def test_priced_a_group_grows_only_where_its_step_ends_sooner_by_more_than_the_rank_costs() -> None:
     p = policy()
-    join = GrowthPrice(micro_batch_s=10.0, join_s=14.0, reduce_s=2.0, displaced_s=0.0)
-    # one rank: 10 s per micro-batch left; two: (10 u + 14) / 2, and the step's all-reduce costs 2 s more
-    assert p.grows(2, 1, 2, price=join) and not p.grows(1, 1, 2, price=join)  # saves 3 s > 2 s; -2 s
-    assert not p.grows(3, 1, 2, price=GrowthPrice(10.0, 14.0, 9.0, 0.0))  # 8 s saved < 9 s of all-reduce
-    displacing = GrowthPrice(10.0, 14.0, 2.0, displaced_s=9.0)  # the slot is home to an agent training this step
-    assert not p.grows(3, 1, 2, price=displacing) and p.grows(4, 1, 2, price=displacing)  # 8 s < 11 s < 13 s
-    held = GrowthPrice(10.0, 0.0, 2.0, 0.0)  # the slot holds a copy: nothing to load
-    assert p.grows(1, 1, 2, price=held) and p.grows(2, 2, 3, price=held) and not p.grows(1, 2, 3, price=held)
+    # 10 s a micro-batch; the home parks for 3 s, the new rank trains from 8 s (the park, then a 5 s resume)
+    join = GrowthPrice(micro_batch_s=10.0, park_s=3.0, join_s=8.0, reduce_s=2.0, displaced_s=0.0)
+    assert not p.grows(2, 1, 2, price=join)  # 20 s on one rank; 13 and 18 s on two: saves 2 s, not more than 2
+    assert p.grows(3, 1, 2, price=join)  # 30 s against 13, 18, 23: saves 7 s
+    assert not p.grows(3, 1, 2, price=GrowthPrice(10.0, 3.0, 8.0, 9.0, 0.0))  # 7 s saved < 9 s of all-reduce
+    displacing = GrowthPrice(10.0, 3.0, 8.0, 2.0, displaced_s=9.0)  # the slot is home to an agent training this step
+    assert not p.grows(3, 1, 2, price=displacing) and p.grows(4, 1, 2, price=displacing)  # 7 < 11 < 12 (40 vs 28)
+    assert not p.grows(99, 1, 2, price=GrowthPrice(10.0, 0.0, 0.0, 0.0, math.inf))  # a displacement not priced
+    held = GrowthPrice(10.0, 0.0, 0.0, 2.0, 0.0)  # the slot holds a copy: nothing to load
+    assert not p.grows(1, 1, 2, price=held) and p.grows(2, 1, 2, price=held)  # a micro-batch is not split
+    assert p.grows(3, 2, 3, price=held) and not p.grows(4, 2, 3, price=held)  # 20 s vs 10; 20 s vs 20
     assert not p.grows(99, 2, 2, price=held)  # never past max_slots
+
+
+def test_training_ends_with_the_last_whole_micro_batch_on_the_rank_that_frees_first() -> None:
+    assert training_ends(3, 10.0, [3.0, 8.0]) == 23.0
+    assert training_ends(1, 10.0, [0.0, 50.0]) == 10.0  # a rank that gets none does not count
+    assert training_ends(0, 10.0, [5.0]) == 0.0
+
+
+def test_a_group_queues_one_micro_batch_per_rank() -> None:
+    p, complete = policy(), {"a": {0}}
+    assert p.training_due("a", 0, complete, ready=True, queued=1, all_trained=False) is TrainingDue.MICRO_BATCH
+    assert p.training_due("a", 0, complete, ready=True, queued=1, all_trained=False, ranks=2) is None
+    assert p.training_due("a", 0, complete, ready=True, queued=0, all_trained=False, ranks=2) is TrainingDue.MICRO_BATCH
 
 
 def test_prices_are_the_medians_of_the_recent_jobs_seen() -> None:

@@ -150,10 +150,12 @@ class RunConfig(MEGSpec):
     @model_validator(mode="after")
     def _check_sharded_agents(self) -> RunConfig:
         sharded = [a for a in self.agents if self.trainer_config(a).sharded]
-        if len(sharded) > 1:
-            raise ValueError(f"agents {', '.join(sharded)} are all sharded (training.sharding): one sharded "
-                             "agent per run is built (their ranks would share one process group per worker); "
-                             "shard one and give the others 'none' (per agent: agents.<name>.training.sharding)")
+        spans = {a: self.trainer_config(a).max_slots for a in sharded}
+        if len(set(spans.values())) > 1:
+            named = ", ".join(f"{a} over {k}" for a, k in spans.items())
+            raise ValueError(f"sharded agents span different numbers of slots ({named}): the sharded agents of a "
+                             "run share one world of ranks (one process group per worker); give them the same "
+                             "training.max_slots")
         if sharded and self.run.snapshot_every > 1:
             raise ValueError(f"run.snapshot_every={self.run.snapshot_every} with agent {sharded[0]!r} sharded: a lost "
                              "rank rebuilds a sharded trainer from its snapshot of the step's start, and a sharded "

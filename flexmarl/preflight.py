@@ -116,6 +116,7 @@ def check_training_memory(cfg: RunConfig) -> None:
     limit = cfg.cluster.worker_memory_bytes()
     if limit is None:
         return
+    shares: dict[str, int] = {}  # sharded agents: each rank's share (they share their ranks, and never move)
     for name, agent in cfg.agents.items():
         if agent.adapter is not None:  # an adapter's state is a small part of its model's
             continue
@@ -124,6 +125,8 @@ def check_training_memory(cfg: RunConfig) -> None:
         ranks = trainer.max_slots if trainer.sharded else 1
         need = training_state_bytes(resolve_model(agent.model, seed=cfg.run.seed), kl=kl, sharding=trainer.sharding,
                                     ranks=ranks)
+        if trainer.sharded:
+            shares[name] = need
         if need <= limit:
             continue
         rank_state = BYTES_PER_PARAMETER[trainer.sharding]
@@ -144,6 +147,15 @@ def check_training_memory(cfg: RunConfig) -> None:
             f"(cluster.memory_limit={cfg.cluster.memory_limit!r} over {cfg.cluster.n_workers} workers): raise "
             f"cluster.memory_limit or use fewer workers, pick a smaller model, train the agent as a LoRA adapter "
             f"(agents.{name}.adapter), {fix}"
+        )
+    if len(shares) > 1 and sum(shares.values()) > limit:
+        each = ", ".join(f"{a} {format_bytes(n)}" for a, n in shares.items())
+        raise ConfigError(
+            f"agents {', '.join(shares)}: sharded over the same ranks, their shares add up to at least "
+            f"{format_bytes(sum(shares.values()))} on each rank ({each}) but a worker's memory limit is "
+            f"{format_bytes(limit)} (cluster.memory_limit={cfg.cluster.memory_limit!r} over {cfg.cluster.n_workers} "
+            "workers): raise cluster.memory_limit, shard them over more slots (training.max_slots), or shard fewer "
+            "of them (agents.<name>.training.sharding: 'none')"
         )
 
 

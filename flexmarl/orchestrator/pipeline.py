@@ -47,7 +47,7 @@ from flexmarl.rollout.backend import GenerationRequest, WeightSyncError
 from flexmarl.rollout.balancer import InterAgentBalancer
 from flexmarl.rollout.episodes import EpisodeGraph, request_seed
 from flexmarl.training import replay, slot, snapshots
-from flexmarl.training.group import Rendezvous, TrainerGroup
+from flexmarl.training.group import Rendezvous, TrainerGroup, world_name
 from flexmarl.training.slot import StateResumed
 from flexmarl.training.trainer import UpdateResult
 from flexmarl.workloads.datasets import ProblemStream
@@ -419,8 +419,9 @@ class PipelineRunner:
             return None
         if self.rendezvous is None:
             self.rendezvous = Rendezvous(self.client.scheduler.address)
-        return TrainerGroup(f"{self.key(job.agent)}/{job.formation}", job.members, self.rendezvous.address,
-                            self.cfg.rollout.request_timeout_s)
+        name = (world_name(self.run_key, job.formation) if self.trainer_cfg[job.agent].sharded
+                else f"{self.key(job.agent)}/{job.formation}")
+        return TrainerGroup(name, job.members, self.rendezvous.address, self.cfg.rollout.request_timeout_s)
 
     def _submit(self, job: Job) -> None:
         fn, args = self._call(job)

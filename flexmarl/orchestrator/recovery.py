@@ -128,6 +128,9 @@ class RecoveryPlanner:
             if worker not in self.training.slots and (slot_limit is None or len(self.training.slots) < slot_limit):
                 self.training.add_slot(worker)
                 acted = True
+        # the sharded agents' new ranks form one world (they share it), joined by each agent in turn
+        world = next((j.formation for j in self.inflight.of(None, JobKind.RESTORE) if j.agent in self.training.sharded),
+                     None)
         for agent, version in sorted(self.restores.items()):
             if self.inflight.of(agent, JobKind.RESTORE):
                 continue
@@ -135,9 +138,9 @@ class RecoveryPlanner:
                 ranks = self.training.rebuild_ranks(agent, set(training))
                 if ranks is None:
                     continue
-                formation = self.training.next_formation()
+                world = world or self.training.next_formation()
                 for worker in ranks:
-                    self.emit(Restore(agent, worker, version, ranks, formation))
+                    self.emit(Restore(agent, worker, version, ranks, world))
                 acted = True
                 continue
             target = self._pick_slot(set(training))

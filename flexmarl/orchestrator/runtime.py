@@ -190,7 +190,8 @@ class Runtime:
             ranks, world = (self.trainers[agent],), None
             if agent in sharded:
                 ranks = sharded_ranks(self.slots, self.cfg.trainer_config(agent).max_slots)
-                world = group.TrainerGroup(f"{self.key(agent)}/start", ranks, rendezvous.address, self.timeout_s)
+                world = group.TrainerGroup(group.world_name(self.ctx.run_id, "start"), ranks, rendezvous.address,
+                                           self.timeout_s)
             for worker in ranks:
                 if snapshot is None:
                     futures.append(submit_on(self.client, worker, slot.start_trainer, self.key(agent),

@@ -97,17 +97,20 @@ class TrainerConfig(Strict):
     """The most training slots one agent's trainer may span: a trainer group, data parallel (every rank holds a
     whole copy of the agent's state, trains whole micro-batches of its step, and the gradient sums are
     all-reduced at the optimizer step, so every rank takes the same step). The scheduler grows an agent's
-    group into idle slots while its step has work for them and no other agent waits for a slot, and frees
-    them at the step's end. 1: one slot per agent. Above ``training.slots`` is refused. A sharded agent
-    (``sharding`` 'optimizer' or 'full') spans exactly this many slots, for the whole run."""
+    group into idle slots while no other agent waits for a slot and the step ends sooner by more than the
+    rank costs (the join's state copy, the larger all-reduce, moving an agent whose home the slot is: priced
+    from what the agent's jobs have taken), and frees them at the step's end. 1: one slot per agent. Above
+    ``training.slots`` is refused. A sharded agent (``sharding`` 'optimizer' or 'full') spans exactly this
+    many slots, for the whole run."""
     sharding: Literal["none", "optimizer", "full"] = "none"
     """How a trainer group's ranks divide the agent's state: 'none' (data parallel: each rank a whole copy);
     'optimizer' (ZeRO-1, torch's ``ZeroRedundancyOptimizer``: each rank holds the whole weights and gradients
     and 1/k of the Adam moments, steps its share of the parameters and broadcasts them); 'full' (FSDP2
     ``fully_shard``: each rank holds 1/k of the weights, gradients and Adam moments). A sharded agent ('optimizer'
     or 'full') spans the first ``max_slots`` training slots for the whole run, each of its steps binding them all,
-    and every rank trains its part of each micro-batch; one sharded agent per run, not an adapter agent; a lost
-    rank is rebuilt from the snapshot of its step's start."""
+    and every rank trains its part of each micro-batch; the run's sharded agents share those ranks (the same
+    ``max_slots``) and take turns, a step each; not an adapter agent; a lost rank is rebuilt from the snapshot
+    of its step's start."""
 
     adapter: AdapterConfig | None = None
     """Set from ``agents.<name>.adapter`` (the one place to write it): train a LoRA adapter, not the whole model."""

@@ -18,7 +18,9 @@ never reads the keys of the one before.
 A sharded trainer (``training.sharding``: 'optimizer' or 'full') is the exception: FSDP2's ``DeviceMesh``,
 ``ZeroRedundancyOptimizer`` and distributed checkpoint read the process's default group, so its ranks join a
 *world* (``join_world``: the default group, formed on the same store). A process is in one world at a time:
-joining another formation leaves the one before, whose sharded trainers must have been parked first.
+joining another formation leaves the one before, whose sharded trainers must have been parked first. So a
+run's sharded agents share one world (``world_name``): they span the same ranks, and the scheduler lets one of
+them at a time run collectives there, in the same order on every rank.
 """
 
 from __future__ import annotations
@@ -98,6 +100,12 @@ def process_group(key: EngineKey, group: TrainerGroup) -> dist.ProcessGroup:
 
 
 WORLD = "world"  # the registry's entry of the sharded formation this process is a rank of
+
+
+def world_name(run_id: str, formation: int | str) -> str:
+    """The name of one formation of a run's sharded world: the run's sharded agents span the same ranks (the same
+    ``training.max_slots``) and all live in it, each with its own FSDP2 mesh or ZeRO-1 optimizer over it."""
+    return f"{run_id}/{WORLD}/{formation}"
 
 
 def join_world(group: TrainerGroup) -> DeviceMesh:

@@ -87,18 +87,25 @@ def test_drift_measures_the_difference_against_the_move() -> None:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize(("mode", "sharding"), [("flexmarl", "full"), ("sync", "full"), ("flexmarl", "optimizer")])
+@pytest.mark.parametrize(("mode", "sharding", "sharded"), [("flexmarl", "full", ("solver",)),
+                                                         ("sync", "full", ("solver",)),
+                                                         ("flexmarl", "optimizer", ("solver",)),
+                                                         ("flexmarl", "full", ("solver", "verifier"))],
+                         ids=["flexmarl-full", "sync-full", "flexmarl-optimizer", "flexmarl-full-both"])
 def test_a_sharded_agent_trains_in_the_pipeline_the_weights_of_the_plain_synchronous_loop(tmp_path: Path, mode,
-                                                                                        sharding) -> None:
+                                                                                        sharding, sharded) -> None:
     """The solver's state sharded over both slots (FSDP2 or ZeRO-1 over two worker processes: each rank trains its
-    part of every micro-batch), the verifier on one: both end with the single-trainer loop's weights, and the
-    run's final checkpoint is the solver's whole model."""
+    part of every micro-batch), the verifier on one, or sharded over the same two too (the agents take turns in
+    one world): both end with the single-trainer loop's weights, and the run's final checkpoint is the solver's
+    whole model."""
     cfg = load_config(preset="tiny", overrides=["run.steps=2", "run.queries_per_step=8", "training.micro_batch_size=4",
-                                                *MODES[mode], f"agents.solver.training.sharding={sharding}",
-                                                "agents.solver.training.max_slots=2", "run.seed=3"])
+                                                *MODES[mode], "run.seed=3",
+                                                *(f"agents.{a}.training.{k}" for a in sharded
+                                                  for k in (f"sharding={sharding}", "max_slots=2"))])
     with open_cluster(ClusterConfig(n_workers=2)) as address:
         result, pipelined = run_mode(cfg, tmp_path / "run", address)
-    assert [u.metrics["ranks_trained"] for u in result.updates if u.agent == "solver"] == [2.0, 2.0]
+    for agent in sharded:
+        assert [u.metrics["ranks_trained"] for u in result.updates if u.agent == agent] == [2.0, 2.0]
     reference, start = reference_run(cfg), initial_weights(cfg)
     assert weight_drift(reference, pipelined, start) <= DRIFT_TOLERANCE
     assert max_diff({"solver": start["solver"]}, {"solver": reference["solver"]}) > 1e-3

@@ -81,21 +81,26 @@ class ShardFault(WorkerFault):
             super().__call__(kind, agent, worker)
 
 
-@pytest.mark.parametrize("task_kind,nth,sharding", [("train", 5, "full"), ("finish", 2, "full"),
-                                                    ("finish", 3, "optimizer")])
+@pytest.mark.parametrize("task_kind,nth,sharding,sharded", [("train", 5, "full", ("solver",)),
+                                                            ("finish", 2, "full", ("solver",)),
+                                                            ("finish", 3, "optimizer", ("solver",)),
+                                                            ("finish", 2, "full", ("solver", "verifier"))],
+                         ids=["train-full", "finish-full", "finish-optimizer", "finish-full-both"])
 def test_a_rank_of_a_sharded_trainer_killed_mid_step_is_rebuilt_and_the_weights_equal_the_plain_loop(
-    tmp_path: Path, address: str, tiny_config, task_kind: str, nth: int, sharding: str
+    tmp_path: Path, address: str, tiny_config, task_kind: str, nth: int, sharding: str, sharded: tuple[str, ...]
 ) -> None:
     """The solver's state sharded over both workers (FSDP2, or ZeRO-1's moments); one of them is killed while its
     rank trains a micro-batch (the other's collective fails), or takes its part of the optimizer step: its ranks
     are formed again with the nanny's replacement, each rebuilds its shards from the snapshot of the step's
-    start, the step is redone from the store, and the weights equal the plain loop's."""
-    cfg = tiny_config(*SHARDED, f"agents.solver.training.sharding={sharding}")
+    start, the step is redone from the store, and the weights equal the plain loop's. With the verifier sharded
+    over the same ranks too, both are rebuilt, in one new world."""
+    cfg = tiny_config(*SHARDED, *(f"agents.{a}.training.{k}" for a in sharded
+                                  for k in (f"sharding={sharding}", "max_slots=2")))
     fault = ShardFault(None, task_kind, nth=nth)
     result, weights, trainers = run_with_fault(cfg, tmp_path / "run", address, fault)
     recovery_of(result, fault.worker)
     assert fault.worker not in trainers.values()
-    assert all(u.metrics["ranks_trained"] == 2 for u in result.updates if u.agent == "solver")
+    assert all(u.metrics["ranks_trained"] == 2 for u in result.updates if u.agent in sharded)
     check_exact(tmp_path / "run", cfg, weights, reference_run(cfg))
 
 

@@ -120,8 +120,8 @@ class SchedulePolicy:
         """What ``agent``'s trainer should do next for ``step``, or nothing (None).
 
         A micro-batch: its oldest committed, unsubmitted one (``ready``), while the least queued of its ``ranks``
-        slots holds fewer than ``queued``: on one slot ``queue_depth``, so the slot never idles while the driver
-        turns one around; in a group one each, since the step ends with its last rank, and a micro-batch queued
+        slots holds (``queued``) fewer than: on one slot ``queue_depth``, so the slot never idles while the driver
+        turns one around; in a group one, since the step ends with its last rank, and a micro-batch queued
         behind a busy rank while another idles would hold it back (a turnaround is milliseconds, a micro-batch
         seconds). Gradients sum in float64, so their order (and rank) does not matter. The optimizer step: once
         the agent's whole batch is committed and trained (``all_trained``).

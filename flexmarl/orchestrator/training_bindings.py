@@ -204,10 +204,14 @@ class TrainingBindings:
                 return
             members = self.bound[agent]
             fresh = [w for w in self._fresh(agent) if w in free]
-            target = self.policy.pick_slot(free, *fresh, *(w for w in free if not self._displaced(agent, w)))
+            displaced = {w: self._displaced(agent, w) for w in free}
+            target = self.policy.pick_slot(free, *fresh, *(w for w in free if not displaced[w]))
             copy_held = target in fresh
+            price = self._growth_price(agent, displaced[target], len(members), copy_held=copy_held)
+            if price is None and displaced[target]:
+                continue  # a slot that is home to an agent training this step is taken on prices only, never by count
             if not self.policy.grows(unsent[agent], len(members), self.max_slots[agent], copy_held=copy_held,
-                                     price=self._growth_price(agent, target, len(members), copy_held=copy_held)):
+                                     price=price):
                 continue
             free.remove(target)
             self.bound[agent] = (*members, target)
@@ -224,24 +228,23 @@ class TrainingBindings:
                 if home == worker and a != agent and not self.bound.get(a) and a not in self.sharded
                 and any(not m.trained for m in self.micro.get((a, self.versions[a]), []))]
 
-    def _growth_price(self, agent: str, target: str, ranks: int, *, copy_held: bool) -> GrowthPrice | None:
-        """What a rank of ``agent`` on ``target`` costs, from the jobs seen so far; None while a cost of the agent's
-        own has not been seen (the rule then counts micro-batches). A slot that is home to another agent training
-        this step is taken on prices only, never by count: displacing it costs a move that is not guessed."""
+    def _growth_price(self, agent: str, displaced: list[str], ranks: int, *, copy_held: bool) -> GrowthPrice | None:
+        """What one more rank of ``agent`` costs, from the jobs seen so far, where it makes the ``displaced`` agents
+        move; None while a cost of the agent's own has not been seen (the rule then counts micro-batches). A
+        displaced agent whose move was never seen is priced infinite: another agent's cost is not guessed."""
         prices = self.prices
-        displaced = [prices.move_s(other) for other in self._displaced(agent, target)]
-        displaced_s = math.inf if None in displaced else sum(displaced)
+        moves = [prices.move_s(other) for other in displaced]
+        displaced_s = math.inf if None in moves else sum(moves)
         micro_batch_s = prices.of(agent, "train")
         park_s = join_s = 0.0
         if not copy_held:
             park, resume = prices.of(agent, "park"), prices.of(agent, "resume")
             if park is None or resume is None:
-                micro_batch_s = None
-            else:  # the home parks (unless it has) instead of training; the new rank waits for that, then resumes
-                park_s = 0.0 if agent in self.parked else park
-                join_s = park_s + resume
+                return None
+            park_s = 0.0 if agent in self.parked else park  # the home parks (unless it has) instead of training
+            join_s = park_s + resume  # the new rank waits for that park, then resumes
         if micro_batch_s is None:
-            return None if displaced_s == 0 else GrowthPrice(0.0, 0.0, 0.0, 0.0, displaced_s)
+            return None
         return GrowthPrice(micro_batch_s, park_s, join_s, prices.reduce_s(agent, ranks), displaced_s)
 
     def _training_work(self, agent: str) -> tuple[float, MicroBatch | None] | None:

@@ -8,7 +8,9 @@ import random
 
 import pytest
 
-from flexmarl.orchestrator.commands import Discard, Finish, Join, JobKind, Park, Restore, Train
+from flexmarl.orchestrator.commands import (
+    Discard, Finish, Join, JobKind, MoveState, Park, Prefetch, Restore, Snapshot, Train,
+)
 from flexmarl.orchestrator.records import Recovery
 
 from .test_recovery import advance
@@ -165,10 +167,6 @@ def test_a_formation_used_again_finds_every_rank_still_holding_its_process_group
 @pytest.mark.parametrize("seed", range(4))
 def test_a_sharded_agent_binds_all_its_ranks_and_each_collective_runs_on_every_rank_one_at_a_time(
         scheduler, script, mode, seed) -> None:
-    import random
-
-    from flexmarl.orchestrator.commands import MoveState, Prefetch, Snapshot
-
     s = script(scheduler(mode, steps=3, queries=8, slots=("t0", "t1", "t2"), max_slots=2, sharded=("solver",),
                          snapshot_every=1, location={"planner": "t1", "solver": "t0", "judge": "t2"}))
     rng = random.Random(seed)
@@ -204,8 +202,6 @@ def test_sharded_agents_share_their_ranks_a_step_each_and_send_every_rank_the_sa
     a whole step, and each rank is sent the same collective jobs (micro-batch parts, optimizer steps, snapshots)
     in the same order, which a worker runs first in, first out: no rank waits in one agent's collective while
     another waits in the other's."""
-    from flexmarl.orchestrator.commands import Snapshot
-
     sharded = ("solver", "judge")
     s = script(scheduler(mode, steps=3, queries=8, slots=("t0", "t1", "t2"), max_slots=2, sharded=sharded,
                          snapshot_every=1, location={"planner": "t2", "solver": "t0", "judge": "t0"}))

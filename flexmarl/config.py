@@ -156,10 +156,6 @@ class RunConfig(MEGSpec):
             raise ValueError(f"sharded agents span different numbers of slots ({named}): the sharded agents of a "
                              "run share one world of ranks (one process group per worker); give them the same "
                              "training.max_slots")
-        if sharded and self.run.snapshot_every > 1:
-            raise ValueError(f"run.snapshot_every={self.run.snapshot_every} with agent {sharded[0]!r} sharded: a lost "
-                             "rank rebuilds a sharded trainer from its snapshot of the step's start, and a sharded "
-                             "state is not rebuilt by replay yet; use run.snapshot_every=1")
         for agent in sharded:
             if self.agents[agent].adapter is not None:
                 raise ValueError(f"agents.{agent}: an adapter agent's trainer is not sharded (its state is small); "

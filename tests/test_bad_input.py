@@ -672,9 +672,6 @@ CASES = [
                                               "agents.verifier.training.max_slots=3")),
          (r"sharded agents span different numbers of slots \(solver over 2, verifier over 3\)",
           r"give them the same training.max_slots")),
-    Case("sharded-sparse-snapshots",
-         lambda t: config_error(t, overrides=("agents.solver.training.sharding=full", "run.snapshot_every=2")),
-         (r"run.snapshot_every=2 with agent 'solver' sharded", r"use run.snapshot_every=1")),
     Case("sharded-adapter",
          lambda t: config_error(t, overrides=("agents.solver.training.sharding=full", "agents.solver.adapter={r: 4}")),
          (r"agents.solver: an adapter agent's trainer is not sharded", r"use training.sharding='none' for it")),
@@ -967,8 +964,6 @@ CLI_CASES: dict[str, Callable] = {
         "cluster.memory_limit=3MB", "training.sharding=full", "training.max_slots=2"),
     "sharded agents over different numbers of slots": lambda t, s: validate_tiny(
         "training.sharding=full", "training.max_slots=2", "agents.verifier.training.max_slots=3"),
-    "sharded agent with sparse snapshots": lambda t, s: validate_tiny("agents.solver.training.sharding=full",
-                                                                      "run.snapshot_every=2"),
     "sharded adapter agent": lambda t, s: validate_tiny("agents.solver.training.sharding=full",
                                                         "agents.solver.adapter={r: 4}"),
     "sharded state over a worker's memory": lambda t, s: train_tiny(

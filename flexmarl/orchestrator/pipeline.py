@@ -151,6 +151,7 @@ class PipelineRunner:
         self.parks: dict[str, Future] = {}  # agent -> the job writing its state
         self.prefetches: dict[str, Future] = {}  # agent -> the job reading its state ahead
         self.weights: dict[str, WeightsFetch] = {}  # agent -> the fetch of its new weights from its trainer
+        self.replay_bases: dict[tuple[str, int], int] = {}  # (sharded agent, formation) -> its rebuild's snapshot
         self.finished_steps: dict[str, list[UpdateResult]] = {}  # agent -> its last optimizer step's, per rank
         self.rendezvous: Rendezvous | None = None  # the trainer groups' store, served once a group first forms
         self.finished: queue.Queue[Future | None] = queue.Queue()  # None: a group was scored
@@ -397,10 +398,12 @@ class PipelineRunner:
             after = self.prefetches.pop(agent, None) if isinstance(job, MoveState) and job.prefetched else None
             return slot.resume, (key, *trainer, self._park_uri(agent), self.versions[agent],
                                  after or self.parks.get(agent))
-        if isinstance(job, Restore) and job.members:  # a sharded trainer: from the snapshot, never by replay
+        if isinstance(job, Restore) and job.members:  # a sharded trainer: its ranks rebuild it together
             self.finished_steps.pop(agent, None)
-            snapshot = snapshots.require_whole_snapshot(self.snapshot_root, agent, job.version, options)
-            return snapshots.restore_trainer, (key, *trainer, snapshot, job.version, options, self._group(job))
+            state = self.states.at(agent, job.version)
+            if state is None:
+                return snapshots.restore_trainer, (key, *trainer, None, 0, options, self._group(job))
+            return replay.restore_group, (state, self._replay_base(job), self._group(job))
         if isinstance(job, Restore):
             self.finished_steps.pop(agent, None)  # the rebuilt trainer redoes the step: its ranks' results too
             state = self.states.at(agent, job.version)
@@ -412,6 +415,15 @@ class PipelineRunner:
                                            job.version, self.cfg.rollout, snapshots.weights_uri(state and state.uri),
                                            options, self.cfg.agents[agent].adapter)
         raise TypeError(f"no worker function for {job!r}")
+
+    def _replay_base(self, job: Restore) -> int:
+        """The newest whole snapshot a sharded agent's ranks rebuild ``job.version`` from: looked up once per
+        formation, so that every rank replays from the same one."""
+        key = (job.agent, job.formation)
+        if key not in self.replay_bases:
+            self.replay_bases[key] = snapshots.newest_whole_snapshot(
+                self.snapshot_root, job.agent, job.version + 1, self.cfg.training.state_storage_options)
+        return self.replay_bases[key]
 
     def _group(self, job: Finish | Restore) -> TrainerGroup | None:
         """What each rank of the job's trainer group needs to join it (None for a single slot)."""

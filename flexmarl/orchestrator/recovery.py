@@ -188,7 +188,7 @@ class RecoveryPlanner:
         for needed in self._engines_needed(agent):
             if worker not in self.rollout.engines[needed] and not self.inflight.of(
                     needed, JobKind.START_REPLICA, worker=worker):
-                self.emit(StartReplica(needed, worker, self.training.versions[needed]))
+                self.emit(StartReplica(needed, worker, self.training.written_version(needed)))
         self._open_replicas(worker)
 
     def _open_replicas(self, worker: str) -> None:
@@ -233,12 +233,26 @@ class RecoveryPlanner:
         elif job.kind is JobKind.START_REPLICA:
             self.rollout.engine_started(agent, job.worker, job.version)
             latest = self.training.versions[agent]
-            if job.version < latest:  # an update was recorded meanwhile: catch up from its snapshot
+            if job.version < latest and agent in self.training.sharded:
+                self._catch_up_from_trainer(agent, job.worker, latest)
+            elif job.version < latest:  # an update was recorded meanwhile: catch up from its snapshot
                 self.emit(CatchUp(agent, job.worker, latest))
             self._open_replicas(job.worker)
         elif job.kind is JobKind.CATCH_UP:
             self.rollout.caught_up(agent, job.worker, value.version)
         self.touch(agent)
+
+    def _catch_up_from_trainer(self, agent: str, worker: str, version: int) -> None:
+        """A sharded agent's new engine, started at a version its run wrote, loads ``version`` from the trainer:
+        its state of ``version`` may not be written (``run.snapshot_every``), and only its ranks together can
+        rebuild it. Only while the agent is idle, since a blocked agent's weights are about to change or to reach
+        every engine anyway (a step or a rebuild under way: its update's sync, or the rebuild's, comes next;
+        syncs under way: the weights hold until the next update syncs this engine too). It stays blocked until
+        the engine has them."""
+        if self.training.blocked[agent]:
+            return
+        self.training.resync(agent, [worker], block=True)
+        self.emit(Sync(agent, worker, version, self.training.location[agent]))
 
     def _resync(self, agent: str) -> None:
         """Bring the agent's engines to its recorded version from its snapshot; unblock it once they are."""

@@ -178,7 +178,12 @@ class Runtime:
         for agent, spec in self.cfg.agents.items():
             version, model_dir = self.versions[agent], self.model_dirs[agent]
             trainer_args = (self.cfg.trainer_config(agent), spec.sampling.temperature, spec.sampling.max_new_tokens)
-            snapshot = self._resume_snapshot(agent, version, trainer_args)
+            ranks, world = (self.trainers[agent],), None
+            if agent in sharded:
+                ranks = sharded_ranks(self.slots, self.cfg.trainer_config(agent).max_slots)
+                world = group.TrainerGroup(group.world_name(self.ctx.run_id, "start"), ranks, rendezvous.address,
+                                           self.timeout_s)
+            snapshot = self._resume_snapshot(agent, version, trainer_args, world)
             for worker in self.engines[agent]:
                 if snapshot is None:
                     futures.append(submit_on(self.client, worker, replica.start_replica, self.key(agent), model_dir,
@@ -187,11 +192,6 @@ class Runtime:
                     futures.append(submit_on(self.client, worker, replica.restart_replica, self.key(agent),
                                              model_dir, version, self.cfg.rollout, snapshots.weights_uri(snapshot),
                                              options, spec.adapter))
-            ranks, world = (self.trainers[agent],), None
-            if agent in sharded:
-                ranks = sharded_ranks(self.slots, self.cfg.trainer_config(agent).max_slots)
-                world = group.TrainerGroup(group.world_name(self.ctx.run_id, "start"), ranks, rendezvous.address,
-                                           self.timeout_s)
             for worker in ranks:
                 if snapshot is None:
                     futures.append(submit_on(self.client, worker, slot.start_trainer, self.key(agent),
@@ -202,16 +202,16 @@ class Runtime:
         self._wait(futures, "starting the engines")
         return self.placement
 
-    def _resume_snapshot(self, agent: str, version: int, trainer_args: tuple) -> str | None:
+    def _resume_snapshot(self, agent: str, version: int, trainer_args: tuple,
+                         world: group.TrainerGroup | None) -> str | None:
         """The snapshot ``agent`` restarts from at ``version`` (None at v0: its model directory).
 
         A missing or damaged one is rebuilt first, on the agent's training worker, from the newest whole
         snapshot before it and the updates the store recorded since (``replay.ensure_snapshot``, as a recovery
-        task mid-run does).
+        task mid-run does); a sharded agent's by every rank of its ``world`` together
+        (``replay.ensure_group_snapshot``).
         """
         root, options = self.snapshot_root, self.cfg.training.state_storage_options
-        if agent in self._sharded():
-            return snapshots.require_whole_snapshot(root, agent, version, options)
         if version == 0 or root is None:
             return snapshots.require_snapshot(root, agent, version, options)  # None, or why it cannot restart
         problem = snapshots.snapshot_problem(root, agent, version, options)
@@ -225,8 +225,12 @@ class Runtime:
                 n, "" if n == 1 else "s")
             source = replay.StateSource(self.key(agent), self.model_dirs[agent], *trainer_args, root, version,
                                         self.store.spec, options)
-            fut = submit_on(self.client, self.trainers[agent], replay.ensure_snapshot, source)
-            self._wait([fut], f"rebuilding the snapshot of {agent!r} at v{version}", scale=version - base)
+            if world is None:
+                futures = [submit_on(self.client, self.trainers[agent], replay.ensure_snapshot, source)]
+            else:
+                futures = [submit_on(self.client, w, replay.ensure_group_snapshot, source, base, world)
+                           for w in world.members]
+            self._wait(futures, f"rebuilding the snapshot of {agent!r} at v{version}", scale=version - base)
         return snapshots.snapshot_uri(root, agent, version)
 
     def _release_earlier_attempts(self) -> None:

@@ -500,9 +500,20 @@ class TrainingBindings:
     def restored(self, agent: str, worker: str) -> None:
         self.location[agent] = self.shard_ranks[agent][0] if agent in self.sharded else worker
 
-    def resync(self, agent: str, behind: Sequence[str]) -> None:
-        """The rebuilt trainer's version must reach the engines ``behind`` (from its snapshot); unblocked once
-        it has, at once if none is behind."""
+    def resync(self, agent: str, behind: Sequence[str], *, block: bool = False) -> None:
+        """The trainer's version must reach the engines ``behind``: after a rebuild (from its snapshot), or
+        ``block``ing an idle agent until they have it; unblocked once they have, at once if none is behind."""
+        if block:
+            self.blocked[agent] = True
         if not behind:
             self.blocked[agent] = False
         self.pending_syncs[agent] += len(behind)
+
+    def written_version(self, agent: str) -> int:
+        """The version a new engine of ``agent`` starts from: its current one, or for a sharded agent the
+        newest its run wrote on schedule (``snapshot_every``; kept by the pruning until a newer one is), since
+        only its ranks together can rebuild a state the run did not write. It then catches up from the trainer."""
+        version = self.versions[agent]
+        if agent in self.sharded and self.snapshot_every:
+            return version - version % self.snapshot_every
+        return version

@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flexmarl.cluster.worker_state import EngineKey
+from flexmarl.cluster.worker_state import EngineKey, worker_address
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
+from flexmarl.training.group import TrainerGroup, world_all_reduce
 from flexmarl.training.snapshots import (
     SnapshotError,
     newest_whole_snapshot,
@@ -92,7 +93,9 @@ def replay(trainer: AgentTrainer, store: ExperienceStore, updates: Sequence[Reco
             for start in range(0, len(ids), micro_batch_size):
                 chunk = rows.take([row_of[i] for i in ids[start:start + micro_batch_size]])
                 trainer.accumulate(TrainBatch.from_arrow(chunk))
-        trainer.finish_step()  # with nothing accumulated: an empty (or a skipped) update, the version advances
+        # with nothing accumulated: an empty (or a skipped) update, the version advances. A sharded trainer's
+        # ranks each replay their part of every micro-batch (``accumulate``), and sum their gradients here
+        trainer.finish_step(world_all_reduce if trainer.mesh is not None else None)
 
 
 def rebuild_snapshot(
@@ -161,8 +164,14 @@ def ensure_snapshot(source: StateSource) -> str:
     write of that version (``save_snapshot``) holds the same lock, so they wait for it rather than rebuild.
     """
     with version_lock(source.root, source.agent, source.version, source.storage_options) or nullcontext():
-        if snapshot_problem(source.root, source.agent, source.version, source.storage_options) is None:
+        problem = snapshot_problem(source.root, source.agent, source.version, source.storage_options)
+        if problem is None:
             return source.uri
+        if source.config.sharded:
+            raise SnapshotError(
+                f"the snapshot of sharded agent {source.agent!r} at v{source.version} {problem}: a sharded state is "
+                "rebuilt only by its ranks together (when they are restored), not on one worker; an engine loads "
+                "a version the run wrote and catches up from the trainer")
         base = newest_whole_snapshot(source.root, source.agent, source.version, source.storage_options)
         # under the run's key, so that the run's release frees what it leaves (an adapter agent's own base)
         scratch = replace(source.key, scope="~replay")
@@ -180,6 +189,37 @@ def restore_at(source: StateSource) -> str:
     rebuilt first if missing). Returns the worker's address."""
     return restore_trainer(source.key, source.model_dir, source.config, source.temperature, source.max_new_tokens,
                            ensure_snapshot(source), source.version, source.storage_options)
+
+
+def restore_group(source: StateSource, base: int, group: TrainerGroup) -> str:
+    """On every rank of a sharded agent's ``group`` at once: the agent's trainer rebuilt at ``source.version``
+    from its snapshot of ``base`` (0: its model directory) and the store's updates since, which every rank replays
+    in the same order (so their collectives meet), each its part of each micro-batch. A replayed version is then
+    written as its snapshot, the ranks writing their shards together: the agent's engines load its weights from
+    it. Returns the worker's address."""
+    key, root, options = source.key, source.root, source.storage_options
+    restore_trainer(key, source.model_dir, source.config, source.temperature, source.max_new_tokens,
+                    snapshot_uri(root, source.agent, base) if base else None, base, options, group)
+    if base < source.version:
+        held, opened = slot.trainer(key), source.store.open()
+        replay(held, opened, recorded_updates(opened, source.agent, after=base, upto=source.version),
+               source.config.micro_batch_size)
+        if held.fsdp:
+            slot.gather_weights(key)  # its home keeps the replayed weights whole, for the syncs
+        save_snapshot(key, root, source.version, options)
+    return worker_address()
+
+
+def ensure_group_snapshot(source: StateSource, base: int, group: TrainerGroup) -> str:
+    """``ensure_snapshot`` for a sharded agent, on every rank of ``group`` at once: its snapshot of
+    ``source.version`` rebuilt from that of ``base`` by a trainer of its own (``restore_group``, under a scratch
+    key, dropped after). Returns its URI."""
+    scratch = replace(source, key=replace(source.key, scope="~replay"))
+    try:
+        restore_group(scratch, base, group)
+    finally:
+        slot.drop_trainer(scratch.key)
+    return source.uri
 
 
 def after_snapshot(source: StateSource | None, fn, *args):  # noqa: ANN001, ANN201 - any worker function

@@ -108,23 +108,6 @@ def _stored_versions(root: str, agent: str, storage_options: dict | None) -> lis
     return [int(name[1:]) for name in names if name.startswith("v") and name[1:].isdigit()]
 
 
-def require_whole_snapshot(root: str | None, agent: str, version: int,
-                           storage_options: dict | None = None) -> str | None:
-    """``require_snapshot`` for a sharded agent, whose state is not rebuilt by replay: the snapshot must be whole.
-
-    Raises:
-        SnapshotError: missing, or not whole.
-    """
-    snapshot = require_snapshot(root, agent, version, storage_options)
-    problem = snapshot and snapshot_problem(root, agent, version, storage_options)
-    if problem:
-        raise SnapshotError(
-            f"the snapshot of sharded agent {agent!r} at v{version} {problem}, and a sharded state is not rebuilt by "
-            "replay yet: restart the run from the beginning, or from a copy of its snapshot (sharded agents keep "
-            "run.snapshot_every=1)")
-    return snapshot
-
-
 def require_snapshot(root: str | None, agent: str, version: int, storage_options: dict | None = None) -> str | None:
     """The snapshot to restart ``agent`` from at ``version``: None at version 0 (its model directory).
 

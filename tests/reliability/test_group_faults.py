@@ -4,6 +4,7 @@ rebuilt from its snapshot, the step redone from the store, and the weights equal
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from flexmarl.cluster.config import ClusterConfig
 from flexmarl.cluster.local import open_cluster
 from flexmarl.reference import initial_weights, reference_run
 from flexmarl.run.plan import resume_config
+from flexmarl.training.snapshots import SNAPSHOTS, snapshot_problem, snapshot_uri
 
 from .conftest import check_exact
 from .test_worker_faults import recovery_of, run_with_fault
@@ -67,7 +69,7 @@ def moved(cfg, weights: dict, agent: str) -> bool:
 
 
 SHARDED = ["run.queries_per_step=8", "training.micro_batch_size=4", "agents.solver.training.sharding=full",
-           "agents.solver.training.max_slots=2", "run.snapshot_every=1"]
+           "agents.solver.training.max_slots=2"]
 
 
 @dataclass
@@ -81,26 +83,33 @@ class ShardFault(WorkerFault):
             super().__call__(kind, agent, worker)
 
 
-@pytest.mark.parametrize("task_kind,nth,sharding,sharded", [("train", 5, "full", ("solver",)),
-                                                            ("finish", 2, "full", ("solver",)),
-                                                            ("finish", 3, "optimizer", ("solver",)),
-                                                            ("finish", 2, "full", ("solver", "verifier"))],
-                         ids=["train-full", "finish-full", "finish-optimizer", "finish-full-both"])
+@pytest.mark.parametrize("task_kind,nth,sharding,sharded,every", [("train", 5, "full", ("solver",), 1),
+                                                                  ("finish", 2, "full", ("solver",), 1),
+                                                                  ("finish", 3, "optimizer", ("solver",), 1),
+                                                                  ("finish", 2, "full", ("solver", "verifier"), 1),
+                                                                  ("finish", 3, "full", ("solver",), 3)],
+                         ids=["train-full", "finish-full", "finish-optimizer", "finish-full-both",
+                              "finish-full-replayed"])
 def test_a_rank_of_a_sharded_trainer_killed_mid_step_is_rebuilt_and_the_weights_equal_the_plain_loop(
-    tmp_path: Path, address: str, tiny_config, task_kind: str, nth: int, sharding: str, sharded: tuple[str, ...]
+    tmp_path: Path, address: str, tiny_config, task_kind: str, nth: int, sharding: str, sharded: tuple[str, ...],
+    every: int,
 ) -> None:
     """The solver's state sharded over both workers (FSDP2, or ZeRO-1's moments); one of them is killed while its
     rank trains a micro-batch (the other's collective fails), or takes its part of the optimizer step: its ranks
     are formed again with the nanny's replacement, each rebuilds its shards from the snapshot of the step's
     start, the step is redone from the store, and the weights equal the plain loop's. With the verifier sharded
-    over the same ranks too, both are rebuilt, in one new world."""
-    cfg = tiny_config(*SHARDED, *(f"agents.{a}.training.{k}" for a in sharded
-                                  for k in (f"sharding={sharding}", "max_slots=2")))
+    over the same ranks too, both are rebuilt, in one new world. With ``run.snapshot_every=3`` the run wrote no
+    state of the step's start (v1): the new ranks rebuild it from the model by replaying the store's update
+    together, and write it."""
+    cfg = tiny_config(*SHARDED, f"run.snapshot_every={every}",
+                      *(f"agents.{a}.training.{k}" for a in sharded for k in (f"sharding={sharding}", "max_slots=2")))
     fault = ShardFault(None, task_kind, nth=nth)
     result, weights, trainers = run_with_fault(cfg, tmp_path / "run", address, fault)
     recovery_of(result, fault.worker)
     assert fault.worker not in trainers.values()
     assert all(u.metrics["ranks_trained"] == 2 for u in result.updates if u.agent in sharded)
+    if every > 1:  # written by the rebuild, not by the run's schedule
+        assert snapshot_problem(str(tmp_path / "run" / "state" / SNAPSHOTS), "solver", 1) is None
     check_exact(tmp_path / "run", cfg, weights, reference_run(cfg))
 
 
@@ -108,10 +117,28 @@ def test_a_sharded_run_resumed_at_another_number_of_ranks_continues_exactly(tmp_
                                                                            tiny_config) -> None:
     """Saved sharded over two ranks, resumed over one (its distributed checkpoint resharded), exactly."""
     run_dir = tmp_path / "run"
-    cfg = tiny_config(*SHARDED)
+    cfg = tiny_config(*SHARDED, "run.snapshot_every=1")
     train(cfg, run_dir, address)
     resumed = resume_config(run_dir, ["run.steps=4", "agents.solver.training.max_slots=1"])
     result, weights = train(resumed, run_dir, address, resume=True)
     assert min(u.step for u in result.updates) == 2
     assert {u.metrics.get("ranks", 1.0) for u in result.updates if u.agent == "solver"} == {1.0}
+    check_exact(run_dir, resumed, weights, reference_run(resumed))
+
+
+def test_a_sharded_state_the_run_did_not_write_is_rebuilt_at_resume_by_its_ranks_together(
+        tmp_path: Path, address: str, tiny_config) -> None:
+    """``run.snapshot_every=3`` over 2 steps writes v2 only; with it removed, the resumed run's two ranks rebuild
+    it from the model by replaying the store's two updates together (each its part of every micro-batch, the
+    gradients summed over both), write it, and continue exactly."""
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(*SHARDED, "run.snapshot_every=3")
+    train(cfg, run_dir, address)
+    root = str(run_dir / "state" / SNAPSHOTS)
+    assert [v for v in (1, 2) if snapshot_problem(root, "solver", v) is None] == [2]
+    shutil.rmtree(snapshot_uri(root, "solver", 2))
+    resumed = resume_config(run_dir, ["run.steps=4"])
+    result, weights = train(resumed, run_dir, address, resume=True)
+    assert min(u.step for u in result.updates) == 2  # it started from v2: rebuilt (and pruned again at v4)
+    assert {u.metrics["ranks_trained"] for u in result.updates if u.agent == "solver"} == {2.0}
     check_exact(run_dir, resumed, weights, reference_run(resumed))

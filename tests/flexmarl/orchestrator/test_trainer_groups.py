@@ -9,7 +9,7 @@ import random
 import pytest
 
 from flexmarl.orchestrator.commands import (
-    Discard, Finish, Join, JobKind, MoveState, Park, Prefetch, Restore, Snapshot, Train,
+    CatchUp, Discard, Finish, Join, JobKind, MoveState, Park, Prefetch, Restore, Snapshot, StartReplica, Sync, Train,
 )
 from flexmarl.orchestrator.records import Recovery
 
@@ -237,3 +237,37 @@ def test_a_lost_rank_of_the_shared_world_rebuilds_every_sharded_agent_in_one_new
     assert len({r.formation for r in restores}) == 1 and all(r.members == ("t0", "t2") for r in restores)
     s.run(0)
     assert s.s.versions == {a: 2 for a in AGENTS}
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_a_sharded_agent_s_new_engine_starts_at_a_version_its_run_wrote_and_catches_up_from_its_trainer(
+        scheduler, script, idle: bool) -> None:
+    """Only a sharded agent's ranks together can rebuild a state its run did not write (``run.snapshot_every``):
+    a lost rollout worker's replacement engine of the solver starts at the newest version written on schedule
+    (v2 of v3), then loads v3 from the trainer's home while the solver is held still; never a ``CatchUp`` from a
+    snapshot. Where the solver is mid-step, its update's sync brings the engine up instead."""
+    s = script(scheduler("flexmarl", steps=5, queries=8, slots=("t0", "t1", "t2"), max_slots=2, sharded=("solver",),
+                         snapshot_every=2, rollout=("r0", "r1", "r3"), per_worker=1,
+                         location={"planner": "t1", "solver": "t0", "judge": "t2"}))
+    assert [rep.worker for rep in s.s.rollout.replicas["solver"]] == ["r1"]
+    if idle:
+        advance(s, lambda s: s.s.versions["solver"] == 3 and not s.s.training.blocked["solver"])
+    else:
+        advance(s, lambda s: s.s.versions["solver"] == 3 and s.jobs(JobKind.FINISH, "solver"))
+    s.s.recovery.lost({"r1"}, Recovery(("r1",), "lost", 0.0))
+    s.carry_out()
+    s.s.recovery.rebuild(["r2"], ["t0", "t1", "t2"], slot_limit=None, replicas_per_worker=1)
+    s.carry_out()
+    start = next(j for j in s.running if isinstance(j, StartReplica) and j.agent == "solver")
+    assert (start.worker, start.version) == ("r2", 2)
+    s.finish(start)
+    syncs = [j for j in s.running if isinstance(j, Sync) and j.worker == "r2"]
+    if idle:
+        assert [(j.version, j.source) for j in syncs] == [(3, "t0")] and s.s.training.blocked["solver"]
+        s.finish(syncs[0])
+        assert s.s.rollout.engine_version[("solver", "r2")] == 3 and not s.s.training.blocked["solver"]
+    else:
+        assert not syncs and s.s.rollout.engine_version[("solver", "r2")] == 2
+    s.run(0)
+    assert s.s.versions == {a: 5 for a in AGENTS} and s.s.rollout.engine_version[("solver", "r2")] == 5
+    assert not [c for c in s.log if isinstance(c, CatchUp) and c.agent == "solver"]

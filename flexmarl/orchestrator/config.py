@@ -41,7 +41,8 @@ class RunLoopConfig(Strict):
     snapshot_every: int = Field(1, ge=1)
     """Write an agent's training state after every k-th update only (versions k, 2k, ... and the last). A
     state needed at another version (a lost trainer or replica, a resume) is rebuilt exactly on a worker by
-    replaying the updates the store recorded since the snapshot before it (training/replay.py). A state
+    replaying the updates the store recorded since the snapshot before it (training/replay.py); a sharded
+    agent's by all its ranks together, and its new rollout engines catch up from the trainer. A state
     costs 16 bytes per parameter (1.7 GB for SmolLM2-135M). It is copied to host memory before its update is
     recorded and written in the background (the last one before the run ends), but the write still takes the
     trainer worker's disk and a core: size k so that writing is a few percent of an update (the default

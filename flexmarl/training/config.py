@@ -109,8 +109,9 @@ class TrainerConfig(Strict):
     ``fully_shard``: each rank holds 1/k of the weights, gradients and Adam moments). A sharded agent ('optimizer'
     or 'full') spans the first ``max_slots`` training slots for the whole run, each of its steps binding them all,
     and every rank trains its part of each micro-batch; the run's sharded agents share those ranks (the same
-    ``max_slots``) and take turns, a step each; not an adapter agent; a lost rank is rebuilt from the snapshot
-    of its step's start."""
+    ``max_slots``) and take turns, a step each; not an adapter agent; a lost rank's group is rebuilt at its
+    step's start, by all its new ranks together (from that version's snapshot, or by replaying the store's
+    updates since the one before it)."""
 
     adapter: AdapterConfig | None = None
     """Set from ``agents.<name>.adapter`` (the one place to write it): train a LoRA adapter, not the whole model."""

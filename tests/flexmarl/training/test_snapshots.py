@@ -169,3 +169,15 @@ def test_a_damaged_snapshot_is_told_from_a_whole_one(tiny_dir, tmp_path) -> None
     # the newest whole snapshot under v4 is v1; under v1 there is only the model directory
     assert newest_whole_snapshot(root, "solver", below=4) == 1
     assert newest_whole_snapshot(root, "solver", below=1) == 0
+
+
+def test_one_worker_never_rebuilds_a_sharded_state(tiny_dir, tmp_path) -> None:
+    """A sharded state may not fit one worker, and only its ranks together replay it (``replay.restore_group``):
+    asked for a version the run did not write, one worker refuses in one line, rebuilding nothing."""
+    root = str(tmp_path / "by-version")
+    cfg = TrainerConfig(lr=1e-3, sharding="full", max_slots=2)
+    source = StateSource(EngineKey("run-w", "solver"), str(tiny_dir), cfg, 1.0, 8, root, 3, None, {})
+    with pytest.raises(SnapshotError, match=r"sharded agent 'solver' at v3 has no state.json .* rebuilt only by "
+                                            r"its ranks together"):
+        ensure_snapshot(source)
+    assert not [k for k in engines() if "~replay" in k] and find_snapshot(root, "solver", 3) is None

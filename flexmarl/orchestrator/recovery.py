@@ -251,7 +251,7 @@ class RecoveryPlanner:
         the engine has them."""
         if self.training.blocked[agent]:
             return
-        self.training.resync(agent, [worker], block=True)
+        self.training.resync(agent, [worker])
         self.emit(Sync(agent, worker, version, self.training.location[agent]))
 
     def _resync(self, agent: str) -> None:

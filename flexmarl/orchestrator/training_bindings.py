@@ -500,13 +500,11 @@ class TrainingBindings:
     def restored(self, agent: str, worker: str) -> None:
         self.location[agent] = self.shard_ranks[agent][0] if agent in self.sharded else worker
 
-    def resync(self, agent: str, behind: Sequence[str], *, block: bool = False) -> None:
-        """The trainer's version must reach the engines ``behind``: after a rebuild (from its snapshot), or
-        ``block``ing an idle agent until they have it; unblocked once they have, at once if none is behind."""
-        if block:
-            self.blocked[agent] = True
-        if not behind:
-            self.blocked[agent] = False
+    def resync(self, agent: str, behind: Sequence[str]) -> None:
+        """The trainer's version must reach the engines ``behind`` (after a rebuild, from its snapshot; a sharded
+        agent's new engine, from the trainer): the agent is blocked until they have it, unblocked at once if none
+        is behind."""
+        self.blocked[agent] = bool(behind)
         self.pending_syncs[agent] += len(behind)
 
     def written_version(self, agent: str) -> int:

@@ -32,7 +32,7 @@ from flexmarl.models.loading import meta_model, resolve_model
 from flexmarl.training import slot
 from flexmarl.training.sharding import full_state, held_bytes, local_bytes
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.group import Rendezvous, TrainerGroup, world_all_reduce
+from flexmarl.training.group import Rendezvous, TrainerGroup
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch
 
@@ -128,7 +128,7 @@ def _train_once(key: EngineKey, batch: TrainBatch) -> int:
     """One micro-batch and the optimizer step of this rank's trainer (so that the Adam moments exist)."""
     held = slot.trainer(key)
     held.accumulate(batch)
-    held.finish_step(reduce=world_all_reduce)
+    held.finish_step()  # a sharded trainer's: summed over its world
     return peak_rss_bytes()
 
 

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from flexmarl.cluster.worker_state import EngineKey, worker_address
 from flexmarl.training import slot
 from flexmarl.training.config import TrainerConfig
-from flexmarl.training.group import TrainerGroup, world_all_reduce
+from flexmarl.training.group import TrainerGroup
 from flexmarl.training.snapshots import (
     SnapshotError,
     newest_whole_snapshot,
@@ -95,7 +95,7 @@ def replay(trainer: AgentTrainer, store: ExperienceStore, updates: Sequence[Reco
                 trainer.accumulate(TrainBatch.from_arrow(chunk))
         # with nothing accumulated: an empty (or a skipped) update, the version advances. A sharded trainer's
         # ranks each replay their part of every micro-batch (``accumulate``), and sum their gradients here
-        trainer.finish_step(world_all_reduce if trainer.mesh is not None else None)
+        trainer.finish_step()
 
 
 def rebuild_snapshot(

@@ -21,7 +21,7 @@ from flexmarl.cluster.worker_state import EngineKey, engines, worker_address
 from flexmarl.models.adapters import AdapterHost, host_key
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.group import (
-    TrainerGroup, all_reduce, drop_group, join_world, process_group, world_all_reduce,
+    TrainerGroup, all_reduce, drop_group, join_world, process_group,
 )
 from flexmarl.training.state import DEVICE, HOST, HostCopy, TrainingState
 from flexmarl.training.trainer import AgentTrainer, TrainBatch, UpdateResult, shared_accelerator
@@ -258,7 +258,7 @@ def finish_step(key: EngineKey, group: TrainerGroup | None = None) -> UpdateResu
     activate(key)
     held = trainer(key)
     if held.mesh is not None:
-        result = held.finish_step(reduce=world_all_reduce)
+        result = held.finish_step()
         if held.fsdp:
             gather_weights(key)
         return result

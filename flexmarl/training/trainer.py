@@ -28,6 +28,7 @@ from flexmarl.models.adapters import AdapterHost
 from flexmarl.models.loading import CACHE_ARG, load_model
 from flexmarl.models.prefix import prefill, saves_work
 from flexmarl.training.config import TrainerConfig
+from flexmarl.training.group import world_all_reduce
 from flexmarl.training.losses import batch_normaliser, policy_loss
 from flexmarl.training.sharding import full_weights, part, rank, shard_model, total_norm, zero_optimizer
 
@@ -427,10 +428,13 @@ class AgentTrainer:
         batches, and the weights, the optimizer and the lr schedule stay untouched; it consumes nothing.
 
         ``reduce``: when the step was spread over the ranks of the agent's trainer group, the group's in-place
-        sum over ranks (``group.all_reduce``). Every rank calls this, with whatever it trained (nothing
-        included); the gradient sums and the loss counters are summed first, so every rank takes the same step
-        on the global batch. The result's ``consumed_ids`` are this rank's; the rest is the group's.
+        sum over ranks (``group.all_reduce``); a sharded trainer's is always its world's (``world_all_reduce``).
+        Every rank calls this, with whatever it trained (nothing included); the gradient sums and the loss
+        counters are summed first, so every rank takes the same step on the global batch. The result's
+        ``consumed_ids`` are this rank's; the rest is the group's.
         """
+        if self.mesh is not None:
+            reduce = world_all_reduce
         reduced = {}
         if reduce is not None:
             if not self.step_under_way:

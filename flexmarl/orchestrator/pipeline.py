@@ -403,7 +403,7 @@ class PipelineRunner:
             state = self.states.at(agent, job.version)
             if state is None:
                 return snapshots.restore_trainer, (key, *trainer, None, 0, options, self._group(job))
-            return replay.restore_group, (state, self._replay_base(job), self._group(job))
+            return replay.rebuild_trainer, (state, self._replay_base(job), self._group(job))
         if isinstance(job, Restore):
             self.finished_steps.pop(agent, None)  # the rebuilt trainer redoes the step: its ranks' results too
             state = self.states.at(agent, job.version)

@@ -98,20 +98,6 @@ def replay(trainer: AgentTrainer, store: ExperienceStore, updates: Sequence[Reco
         trainer.finish_step()
 
 
-def rebuild_snapshot(
-    key: EngineKey, model_dir: str, config: TrainerConfig, temperature: float, max_new_tokens: int,
-    base: str | None, base_version: int, version: int, store: StoreSpec, root: str, storage_options: dict,
-) -> int:
-    """On a training worker: restore ``key``'s trainer from snapshot ``base`` (None: the model directory at v0),
-    replay the store's updates up to ``version``, and write that as the agent's snapshot of ``version``
-    (replacing what is there). Returns the bytes written."""
-    restore_trainer(key, model_dir, config, temperature, max_new_tokens, base, base_version, storage_options)
-    trainer, opened = slot.trainer(key), store.open()
-    replay(trainer, opened, recorded_updates(opened, trainer.agent, after=base_version, upto=version),
-           config.micro_batch_size)
-    return save_snapshot(key, root, version, storage_options)
-
-
 @dataclass(frozen=True)
 class StateSource:
     """Where a worker finds (or rebuilds) an agent's training state of ``version``: small, sent with a task."""
@@ -172,15 +158,7 @@ def ensure_snapshot(source: StateSource) -> str:
                 f"the snapshot of sharded agent {source.agent!r} at v{source.version} {problem}: a sharded state is "
                 "rebuilt only by its ranks together (when they are restored), not on one worker; an engine loads "
                 "a version the run wrote and catches up from the trainer")
-        base = newest_whole_snapshot(source.root, source.agent, source.version, source.storage_options)
-        # under the run's key, so that the run's release frees what it leaves (an adapter agent's own base)
-        scratch = replace(source.key, scope="~replay")
-        try:
-            rebuild_snapshot(scratch, source.model_dir, source.config, source.temperature, source.max_new_tokens,
-                             snapshot_uri(source.root, source.agent, base) if base else None, base, source.version,
-                             source.store, source.root, source.storage_options)
-        finally:
-            slot.drop_trainer(scratch)
+        _rebuild(source, newest_whole_snapshot(source.root, source.agent, source.version, source.storage_options))
     return source.uri
 
 
@@ -191,12 +169,12 @@ def restore_at(source: StateSource) -> str:
                            ensure_snapshot(source), source.version, source.storage_options)
 
 
-def restore_group(source: StateSource, base: int, group: TrainerGroup) -> str:
-    """On every rank of a sharded agent's ``group`` at once: the agent's trainer rebuilt at ``source.version``
-    from its snapshot of ``base`` (0: its model directory) and the store's updates since, which every rank replays
-    in the same order (so their collectives meet), each its part of each micro-batch. A replayed version is then
-    written as its snapshot, the ranks writing their shards together: the agent's engines load its weights from
-    it. Returns the worker's address."""
+def rebuild_trainer(source: StateSource, base: int, group: TrainerGroup | None = None) -> str:
+    """The agent's trainer rebuilt on this worker at ``source.version`` from its snapshot of ``base`` (0: its
+    model directory) and the store's updates since, and a replayed version written as its snapshot. A sharded
+    agent's runs on every rank of its ``group`` at once: every rank replays the same updates in the same order (so
+    their collectives meet), each its part of each micro-batch, and the ranks write their shards together.
+    Returns the worker's address."""
     key, root, options = source.key, source.root, source.storage_options
     restore_trainer(key, source.model_dir, source.config, source.temperature, source.max_new_tokens,
                     snapshot_uri(root, source.agent, base) if base else None, base, options, group)
@@ -210,15 +188,21 @@ def restore_group(source: StateSource, base: int, group: TrainerGroup) -> str:
     return worker_address()
 
 
-def ensure_group_snapshot(source: StateSource, base: int, group: TrainerGroup) -> str:
-    """``ensure_snapshot`` for a sharded agent, on every rank of ``group`` at once: its snapshot of
-    ``source.version`` rebuilt from that of ``base`` by a trainer of its own (``restore_group``, under a scratch
-    key, dropped after). Returns its URI."""
+def _rebuild(source: StateSource, base: int, group: TrainerGroup | None = None) -> None:
+    """Write the snapshot of ``source.version`` by a trainer of its own (``rebuild_trainer``), never the agent's
+    live one, dropped after."""
+    # under the run's key, so that the run's release frees what it leaves (an adapter agent's own base)
     scratch = replace(source, key=replace(source.key, scope="~replay"))
     try:
-        restore_group(scratch, base, group)
+        rebuild_trainer(scratch, base, group)
     finally:
         slot.drop_trainer(scratch.key)
+
+
+def ensure_group_snapshot(source: StateSource, base: int, group: TrainerGroup) -> str:
+    """``ensure_snapshot`` for a sharded agent, on every rank of ``group`` at once, from its snapshot of ``base``.
+    Returns its URI."""
+    _rebuild(source, base, group)
     return source.uri
 
 

@@ -172,7 +172,7 @@ def test_a_damaged_snapshot_is_told_from_a_whole_one(tiny_dir, tmp_path) -> None
 
 
 def test_one_worker_never_rebuilds_a_sharded_state(tiny_dir, tmp_path) -> None:
-    """A sharded state may not fit one worker, and only its ranks together replay it (``replay.restore_group``):
+    """A sharded state may not fit one worker, and only its ranks together replay it (``replay.rebuild_trainer``):
     asked for a version the run did not write, one worker refuses in one line, rebuilding nothing."""
     root = str(tmp_path / "by-version")
     cfg = TrainerConfig(lr=1e-3, sharding="full", max_slots=2)

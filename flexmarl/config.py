@@ -34,7 +34,7 @@ from flexmarl.training.config import TrainerConfig
 from flexmarl.workloads.datasets import DataConfig
 from storage.config import StoreConfig
 
-PRESETS = ("default", "tiny", "fan_out", "copy")
+PRESETS = ("default", "tiny", "fan_out", "copy", "copy_team")
 Preset = Literal[PRESETS]  # the same list, as a type: the flow's parameter and the CLI check it
 
 # The settings the training flow offers as typed fields of its run form (parameter -> config key); the flow's

@@ -71,7 +71,7 @@ def train_run(
 
     Args:
         preset: a shipped config (flexmarl/presets/): 'default' (SmolLM2-135M solver -> verifier on two-number sums),
-            'tiny' (a tiny model, for tests), 'fan_out' or 'copy'; used when ``config`` is not given.
+            'tiny' (a tiny model, for tests), 'fan_out', 'copy' or 'copy_team'; used when ``config`` is not given.
         config: path of a config YAML file (instead of a preset).
         steps: optimizer steps per agent (run.steps).
         mode: 'flexmarl' (agents on their own clocks, micro-batches trained as they are committed) or 'sync'

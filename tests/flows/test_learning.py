@@ -1,4 +1,5 @@
-"""The framework's CartPole: two tiny models learn to copy a digit from scratch, through the real flow.
+"""The framework's CartPole: two tiny models learn to copy a digit from scratch, through the real flow; and
+the same as a team, whose verifier's verdict decides the team's answer.
 
 The ``copy`` preset runs the whole product: the Prefect flow, a Dask LocalCluster, the Delta store, the
 micro-batch pipeline, GRPO with dynamic sampling, weight syncs to the rollout replicas. A random byte-level
@@ -11,6 +12,7 @@ checked once by breaking it on purpose (docs/performance.md, "Learning").
 
 from __future__ import annotations
 
+from collections import defaultdict
 from statistics import mean
 
 from deltalake import DeltaTable
@@ -32,8 +34,46 @@ def test_both_agents_of_the_copy_preset_learn_from_scratch(prefect_api, tmp_path
                if "policy/is_weight_mean" in dict(m)]
     assert weights and max(abs(w - 1) for w in weights) < 1e-4, (min(weights), max(weights))
     for agent in ("writer", "echo"):
-        rewards = report["agents"][agent]["mean_reward"]
-        assert len(rewards) == 80 and None not in rewards, (agent, rewards)
-        first, last = mean(rewards[:10]), mean(rewards[-10:])
+        first, last = _learned(report, agent)
         # the last ten updates' reward varies with the seed: 0.63-0.99 for the echo over four runs (performance.md)
         assert last >= 0.6 and last >= 3 * first, f"{agent}: first 10 updates {first:.3f}, last 10 {last:.3f}"
+
+
+def _learned(report: dict, agent: str) -> tuple[float, float]:
+    """The agent's mean training reward over its first and its last ten updates."""
+    rewards = report["agents"][agent]["mean_reward"]
+    assert len(rewards) == 80 and None not in rewards, (agent, rewards)
+    return mean(rewards[:10]), mean(rewards[-10:])
+
+
+def test_both_agents_of_the_copy_team_learn_and_the_verdict_decides_the_answer(prefect_api, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    report = train_run(preset="copy_team", run_dir=str(run_dir))
+    assert verify_store(ExperienceStore(str(run_dir / "store"))) == []
+    for agent in ("solver", "verifier"):
+        first, last = _learned(report, agent)
+        assert last >= 0.6 and last >= 3 * first, f"{agent}: first 10 updates {first:.3f}, last 10 {last:.3f}"
+
+    # The verifier's verdicts over the second half of the run, from the store: each judges its parent, the solver's
+    # answer of the same turn. A verdict blind to that answer (or a verifier that never learned) fails one class.
+    columns = ["sample_id", "episode_id", "node", "step", "parsed", "reward", "parent_ids"]
+    samples = {agent: DeltaTable(str(run_dir / "store" / "samples" / agent)).to_pyarrow_table(columns=columns)
+               .to_pylist() for agent in ("solver", "verifier")}
+    answers = {s["sample_id"]: s for s in samples["solver"]}
+    verdicts: dict[bool, list[bool]] = {True: [], False: []}  # whether the judged answer is right -> verdict right
+    for v in samples["verifier"]:
+        if v["step"] >= 40:
+            right = answers[v["parent_ids"][0]]["reward"] == 1.0
+            verdicts[right].append(v["parsed"] == ("correct" if right else "incorrect"))
+    tpr, tnr = mean(verdicts[True]), mean(verdicts[False])
+    assert tpr >= 0.75 and tnr >= 0.75, (f"right answers accepted {tpr:.3f} of {len(verdicts[True])}, "
+                                         f"wrong ones rejected {tnr:.3f} of {len(verdicts[False])}")
+
+    # The team's answer is the solver's last: a rejected first answer is answered again, and the team is right more
+    # often than the solver's first answers are (over the whole run, where wrong first answers are common).
+    turns: dict[str, dict[str, float]] = defaultdict(dict)
+    for s in samples["solver"]:
+        turns[s["episode_id"]][s["node"]] = s["reward"]
+    first = mean(t["solver_t0"] for t in turns.values())
+    team = mean(t.get("solver_t1", t["solver_t0"]) for t in turns.values())
+    assert team > first, (first, team)

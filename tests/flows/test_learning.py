@@ -15,22 +15,21 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import mean
 
-from deltalake import DeltaTable
-
 from flows.train import train_run
-from storage.store import ExperienceStore
+from storage.store import UPDATES, ExperienceStore
 from storage.verify import verify_store
 
 
 def test_both_agents_of_the_copy_preset_learn_from_scratch(prefect_api, tmp_path) -> None:
     run_dir = tmp_path / "run"
     report = train_run(preset="copy", run_dir=str(run_dir))
+    store = ExperienceStore(str(run_dir / "store"))
     # strictly on-policy: every update consumed samples of the version it updated from, none twice
-    assert verify_store(ExperienceStore(str(run_dir / "store"))) == []
+    assert verify_store(store) == []
     # the trainer scores exactly the tokens the rollout sampled: its log-probs equal the behaviour log-probs,
     # so every importance weight is 1 (a response mask or position off by one moves them by several percent)
-    updates = DeltaTable(str(run_dir / "store" / "updates")).to_pyarrow_table()
-    weights = [dict(m)["policy/is_weight_mean"] for m in updates["metrics"].to_pylist()
+    metrics = store.read(UPDATES, columns=["metrics"])["metrics"].to_pylist()
+    weights = [dict(m)["policy/is_weight_mean"] for m in metrics
                if "policy/is_weight_mean" in dict(m)]
     assert weights and max(abs(w - 1) for w in weights) < 1e-4, (min(weights), max(weights))
     for agent in ("writer", "echo"):
@@ -49,7 +48,8 @@ def _learned(report: dict, agent: str) -> tuple[float, float]:
 def test_both_agents_of_the_copy_team_learn_and_the_verdict_decides_the_answer(prefect_api, tmp_path) -> None:
     run_dir = tmp_path / "run"
     report = train_run(preset="copy_team", run_dir=str(run_dir))
-    assert verify_store(ExperienceStore(str(run_dir / "store"))) == []
+    store = ExperienceStore(str(run_dir / "store"))
+    assert verify_store(store) == []
     for agent in ("solver", "verifier"):
         first, last = _learned(report, agent)
         assert last >= 0.6 and last >= 3 * first, f"{agent}: first 10 updates {first:.3f}, last 10 {last:.3f}"
@@ -57,8 +57,7 @@ def test_both_agents_of_the_copy_team_learn_and_the_verdict_decides_the_answer(p
     # The verifier's verdicts over the second half of the run, from the store: each judges its parent, the solver's
     # answer of the same turn. A verdict blind to that answer (or a verifier that never learned) fails one class.
     columns = ["sample_id", "episode_id", "node", "step", "parsed", "reward", "parent_ids"]
-    samples = {agent: DeltaTable(str(run_dir / "store" / "samples" / agent)).to_pyarrow_table(columns=columns)
-               .to_pylist() for agent in ("solver", "verifier")}
+    samples = {agent: store.read_samples(agent, columns=columns).to_pylist() for agent in ("solver", "verifier")}
     answers = {s["sample_id"]: s for s in samples["solver"]}
     verdicts: dict[bool, list[bool]] = {True: [], False: []}  # whether the judged answer is right -> verdict right
     for v in samples["verifier"]:

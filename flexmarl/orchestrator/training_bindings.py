@@ -70,6 +70,7 @@ class TrainingBindings:
         self.slots = sorted(set(slots))
         self.location = dict(location)
         self.versions = dict(versions)
+        self.start_versions = dict(versions)  # a resumed run's: each written at its start (``Runtime``)
         self.max_slots = {a: (max_slots or {}).get(a, 1) for a in self.agents}
         self.sharded = set(sharded or ())
         # a sharded agent's ranks: fixed from the start until a lost rank makes it rebuild (``rebuild_ranks``)
@@ -509,9 +510,11 @@ class TrainingBindings:
 
     def written_version(self, agent: str) -> int:
         """The version a new engine of ``agent`` starts from: its current one, or for a sharded agent the
-        newest its run wrote on schedule (``snapshot_every``; kept by the pruning until a newer one is), since
-        only its ranks together can rebuild a state the run did not write. It then catches up from the trainer."""
+        newest its run wrote (kept by the pruning until a newer one is), since only its ranks together can
+        rebuild a state the run did not write. It then catches up from the trainer. Written are the versions on
+        this attempt's schedule (``snapshot_every``) and the one it started at; not those of an earlier attempt's
+        schedule, which a resume with another ``snapshot_every`` does not share."""
         version = self.versions[agent]
         if agent in self.sharded and self.snapshot_every:
-            return version - version % self.snapshot_every
+            return max(version - version % self.snapshot_every, self.start_versions[agent])
         return version

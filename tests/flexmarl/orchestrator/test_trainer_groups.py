@@ -271,3 +271,31 @@ def test_a_sharded_agent_s_new_engine_starts_at_a_version_its_run_wrote_and_catc
     s.run(0)
     assert s.s.versions == {a: 5 for a in AGENTS} and s.s.rollout.engine_version[("solver", "r2")] == 5
     assert not [c for c in s.log if isinstance(c, CatchUp) and c.agent == "solver"]
+
+
+def test_a_resumed_sharded_agent_s_new_engine_starts_at_the_version_its_attempt_started_from(scheduler,
+                                                                                              script) -> None:
+    """A run resumed at v4 with ``snapshot_every=3`` (its earlier attempt wrote every second version) wrote v4 at
+    its start, never v3: a lost rollout worker's replacement engine of the solver, idle at v5, starts at v4 and
+    loads v5 from the trainer's home; once v6 is written on this attempt's schedule, a new engine starts there."""
+    s = script(scheduler("flexmarl", steps=8, queries=8, slots=("t0", "t1", "t2"), max_slots=2, sharded=("solver",),
+                         snapshot_every=3, rollout=("r0", "r1", "r3"), per_worker=1, versions={a: 4 for a in AGENTS},
+                         location={"planner": "t1", "solver": "t0", "judge": "t2"}))
+    starts = []
+    for lost, new, version in (("r1", "r2", 5), ("r2", "r4", 6)):
+        advance(s, lambda s: s.s.versions["solver"] == version and not s.s.training.blocked["solver"])
+        s.s.recovery.lost({lost}, Recovery((lost,), "lost", 0.0))
+        s.carry_out()
+        s.s.recovery.rebuild([new], ["t0", "t1", "t2"], slot_limit=None, replicas_per_worker=1)
+        s.carry_out()
+        start = next(j for j in s.running if isinstance(j, StartReplica) and j.agent == "solver")
+        starts.append((start.worker, start.version))
+        s.finish(start)
+        syncs = [j for j in s.running if isinstance(j, Sync) and j.worker == new]
+        if start.version < version:
+            assert [(j.version, j.source) for j in syncs] == [(version, "t0")]
+            s.finish(syncs[0])
+        assert s.s.rollout.engine_version[("solver", new)] == version
+    assert starts == [("r2", 4), ("r4", 6)]
+    s.run(0)
+    assert s.s.versions == {a: 8 for a in AGENTS}

@@ -295,7 +295,7 @@ def free_engines(client: Client, run_id: str, timeout_s: float) -> None:
     """Free the engines of run ``run_id`` on every worker; logs, and never raises, when it cannot."""
     try:
         # prefetch: states read ahead but never resumed; write: the record of a background state write
-        for kind in ("replica", "trainer", "prefetch", group.GROUP, snapshots.WRITES, slot.GATHERED):
+        for kind in ("replica", "trainer", "prefetch", group.GROUP, snapshots.WRITES):
             client.run(release, f"{kind}:{run_id}/", callback_timeout=timeout_s)
     except Exception as exc:  # noqa: BLE001 - clean-up: the engines die with their workers anyway
         log.warning("could not free the engines of run %s within %.0fs: %s", run_id, timeout_s, exc)

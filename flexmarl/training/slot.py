@@ -68,19 +68,11 @@ def _key(key: EngineKey | str) -> str:
     return f"trainer:{key}"
 
 
-GATHERED = "gathered"  # the registry's kind of a sharded trainer's whole weights, gathered onto its home
-
-
-def _gathered_key(key: EngineKey) -> str:
-    return f"{GATHERED}:{key}"
-
-
 def gather_weights(key: EngineKey) -> None:
-    """Gather an FSDP2 trainer's whole weights onto its home (rank 0), kept there for the weight syncs and the
-    checkpoint; every rank calls it at once, within the job that changed the weights, so that no other
-    collective of the ranks comes between (a sync's fetch then needs only the home)."""
-    held = trainer(key)
-    engines()[_gathered_key(key)] = held.weights()  # rank 0: the whole weights; the others: {}
+    """Gather an FSDP2 trainer's whole weights onto its home (rank 0), kept there by the trainer for the weight
+    syncs, the snapshot and the checkpoint; every rank calls it at once, within the job that changed the weights,
+    so that no other collective of the ranks comes between (a sync's fetch then needs only the home)."""
+    trainer(key).weights()
 
 
 def _prefetch_key(key: EngineKey) -> str:
@@ -172,7 +164,6 @@ def drop_trainer(key: EngineKey) -> bool:
     if registry.get("slot:on-device") == key:
         del registry["slot:on-device"]
     dropped = registry.pop(_key(key), None)
-    registry.pop(_gathered_key(key), None)
     drop_group(key)
     if dropped is not None:
         dropped.close()
@@ -272,10 +263,7 @@ def weights(key: EngineKey) -> dict[str, torch.Tensor]:
     """The trainer's weights, on the CPU; an FSDP2 trainer's as its home gathered them after its last change (a
     ZeRO-1 trainer's home holds them whole)."""
     held = trainer(key)
-    if held.fsdp:
-        return engines().lookup(_gathered_key(key), f"no gathered weights of {str(key)!r} on {worker_address()}: "
-                                                    "a sharded trainer's weights are on its home (rank 0)")
-    return held.weights()
+    return held.gathered_weights() if held.fsdp else held.weights()
 
 
 def save_checkpoint(key: EngineKey, out_dir: str, tokenizer_dir: str) -> str:

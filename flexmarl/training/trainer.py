@@ -266,6 +266,7 @@ class AgentTrainer:
         self.reference = None
         self.mesh = mesh
         self.fsdp = mesh is not None and config.sharding == "full"  # else its weights are whole on every rank
+        self._gathered: tuple[int, dict[str, torch.Tensor]] | None = None  # an FSDP2 trainer's: (version, weights)
         if mesh is not None and (config.adapter is not None or not config.sharded):
             raise ValueError(f"agent {agent!r}: a trainer over a mesh needs training.sharding 'optimizer' or "
                              "'full', and no adapter")
@@ -529,13 +530,24 @@ class AgentTrainer:
     def weights(self) -> dict[str, torch.Tensor]:
         """Detached copies of the weights (an adapter agent: its adapter's), on the CPU, for a weight sync.
 
-        A sharded trainer's are gathered whole onto rank 0 (the other ranks get an empty dict): every rank must
-        call this at once."""
+        An FSDP2 trainer's are gathered whole onto rank 0 (the other ranks get an empty dict) once per version,
+        then kept until its weights change (``gathered_weights``): every rank must call this at once, so that all
+        gather or none does (a version names its weights: a step that changes them advances it)."""
         if self.fsdp:
-            return full_weights(self.model)
+            if self._gathered is None or self._gathered[0] != self.version:
+                self._gathered = (self.version, full_weights(self.model))
+            return self._gathered[1]
         if self.mesh is not None and rank() != 0:  # ZeRO-1: whole on every rank already, and rank 0's suffice
             return {}
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy_state().items()}
+
+    def gathered_weights(self) -> dict[str, torch.Tensor]:
+        """An FSDP2 trainer's whole weights as its ranks last gathered them (``weights``), on rank 0; one rank
+        alone cannot gather them, so weights of an older version are refused."""
+        if self._gathered is None or self._gathered[0] != self.version:
+            raise RuntimeError(f"agent {self.agent!r}: the whole weights of v{self.version} were not gathered; "
+                               "every rank of its group gathers them at once (weights())")
+        return self._gathered[1]
 
     def close(self) -> None:
         """Let go of the model and optimizer: the shared Accelerator keeps every object it prepared, so a
@@ -545,6 +557,7 @@ class AgentTrainer:
         # autocast, unwrap_model) never reads those lists; only save_state/load_state, fp16 loss scaling and
         # FSDP/DeepSpeed/XLA do, and FlexMARL uses none of them.
         self.accelerator.free_memory()
+        self._gathered = None
         if self.host is not None:
             self.host.remove(self.adapter)
 

@@ -127,6 +127,48 @@ def test_a_sharded_trainer_steps_as_one_slot_holding_half_the_state_and_resumes_
                                                  second.values(), strict=True))
 
 
+def count_gathers(on: bool) -> int:
+    """Count this worker's gathers of an FSDP2 trainer's whole weights from now (``on``), or stop counting;
+    returns how many were counted."""
+    from flexmarl.training import trainer as module
+    counted = getattr(module, "counted_gathers", None)
+    if on and counted is None:
+        module.counted_gathers = counted = []
+        real = module.full_weights
+        module.full_weights = lambda model: counted.append(1) or real(model)
+        module.real_full_weights = real
+    elif not on and counted is not None:
+        module.full_weights = module.real_full_weights
+        del module.counted_gathers, module.real_full_weights
+    return len(counted or ())
+
+
+def test_an_fsdp2_trainer_s_weights_are_gathered_once_per_version_for_its_syncs_and_its_snapshot(
+        tiny_dir, workers, tmp_path) -> None:
+    """The step gathers the whole weights onto the home; the snapshot of that version writes them without a
+    second gather of 0.5 GB (SmolLM2), and a sync reads the same tensors; the next step gathers again."""
+    from flexmarl.training.snapshots import load_weights, save_snapshot, snapshot_uri
+
+    client, members, rendezvous = workers
+    key = EngineKey("run-gathers", "solver")
+    pair = TrainerGroup("solver.gathers.1", members, rendezvous.address, 60.0)
+    batch = make_batch(tiny_dir, [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -1.5, 1.5, 1.0])
+    on(client, members, slot.start_trainer, key, str(tiny_dir), CONFIG.model_copy(update={"sharding": "full"}),
+       1.0, 6, 0, pair)
+    try:
+        on(client, members, count_gathers, True)
+        for version in (1, 2):
+            step(client, members, key, batch, pair)
+            on(client, members, save_snapshot, key, str(tmp_path), version, {})
+            synced = on(client, members[:1], slot.weights, key)[0]
+            assert on(client, members, count_gathers, True) == [version, version]
+            written = load_weights(snapshot_uri(str(tmp_path), "solver", version))
+            assert written.keys() == synced.keys() and all(torch.equal(written[k], synced[k]) for k in synced)
+    finally:
+        on(client, members, count_gathers, False)
+        on(client, members, slot.drop_trainer, key)
+
+
 @pytest.mark.parametrize(("mode", "share", "total"), [("full", 1 / 2, 1), ("optimizer", 1 / 3 + 1 / 3, 4 / 3)])
 def test_the_swap_benchmark_reports_a_sharded_state_per_rank_and_its_resharding_bit_exact(mode, share, total,
                                                                                           model_cache) -> None:

@@ -179,13 +179,16 @@ def weight_sync(models: dict[str, Path], smoke: bool, repeats: int = 5) -> dict:
     for name, d in models.items():
         trainer = AgentTrainer(name, d, TrainerConfig(lr=1e-5), temperature=1.0)
         replica = HFBackend(d)
-        to_host, load = [], []
+        to_host, load, in_place = [], [], []
         weights: dict[str, torch.Tensor] = {}
-        for version in range(1, repeats + 1):
+        for version in range(1, repeats + 1):  # through the host (a replica on another worker), and in place
             to_host.append(timed(lambda: weights.update(trainer.weights())))
-            load.append(timed(lambda v=version: replica.update_weights(WeightUpdate(name, v, weights))))
+            load.append(timed(lambda v=version: replica.update_weights(WeightUpdate(name, 2 * v - 1, weights))))
+            in_place.append(timed(lambda v=version: replica.update_weights(
+                WeightUpdate(name, 2 * v, trainer.weights_in_place()))))
         out[name] = {"bytes": tensor_bytes(weights), "to_host_s": statistics.median(to_host),
-                     "load_s": statistics.median(load), "repeats": repeats}
+                     "load_s": statistics.median(load), "in_place_s": statistics.median(in_place),
+                     "repeats": repeats}
         trainer.close()
     return out
 

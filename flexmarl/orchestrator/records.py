@@ -54,6 +54,7 @@ class WeightSynced:
     seconds: float  # the sync job's time: the weights' transfer from the trainer and their load
     nbytes: int  # bytes the replica took in (0 when it held the version already)
     all_synced: bool
+    in_place: bool = False  # from the trainer on the replica's worker, device to device (no fetch, no host copy)
 
 
 @dataclass(frozen=True)

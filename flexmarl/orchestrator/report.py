@@ -14,13 +14,15 @@ from storage.store import EPISODES, UPDATES, ExperienceStore
 
 
 def weight_sync_costs(syncs: list[WeightSynced], agents: Iterable[str]) -> dict[str, dict]:
-    """Each agent's weight syncs: how many replica loads, and per update (a version its replicas took) the
-    bytes sent and the seconds the replicas spent taking them, summed over its replicas."""
+    """Each agent's weight syncs: how many replica loads (and how many of them in place: from a trainer on the
+    replica's worker, no copy through host memory), and per update (a version its replicas took) the bytes sent
+    and the seconds the replicas spent taking them, summed over its replicas."""
     costs = {}
     for agent in agents:
         mine = [s for s in syncs if s.agent == agent]
         updates = max(len({s.version for s in mine if s.nbytes > 0}), 1)
-        costs[agent] = {"replica_syncs": len(mine), "bytes_per_update": sum(s.nbytes for s in mine) / updates,
+        costs[agent] = {"replica_syncs": len(mine), "in_place_syncs": sum(s.in_place for s in mine),
+                        "bytes_per_update": sum(s.nbytes for s in mine) / updates,
                         "seconds_per_update": sum(s.seconds for s in mine if s.nbytes > 0) / updates}
     return costs
 

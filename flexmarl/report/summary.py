@@ -45,6 +45,8 @@ def agent_rows(run: RunDirectory, series: Mapping[str, AgentSeries], report: dic
             # what one update's weight sync costs: bytes to all the agent's replicas, and their seconds
             "sync_mb_per_update": _round(sync["bytes_per_update"] / 1e6) if sync else None,
             "sync_s_per_update": _round(sync["seconds_per_update"]) if sync else None,
+            # replica loads from a trainer on the replica's own worker (device to device), of all of them
+            "syncs_in_place": f"{sync.get('in_place_syncs', 0)}/{sync['replica_syncs']}" if sync else None,
         })
     return rows
 
@@ -101,7 +103,7 @@ def render_summary(
     rows = agent_rows(run, series, report)
     cols = ["agent", "model", "policy_version", "updates", "samples_generated", "samples_trained",
             "mean_reward_first", "mean_reward_last", "loss_last", "staleness_mean", "tokens_per_s_mean",
-            "skipped_updates", "sync_mb_per_update", "sync_s_per_update"]
+            "skipped_updates", "sync_mb_per_update", "sync_s_per_update", "syncs_in_place"]
     lines += _table(cols, [[r[c] for c in cols] for r in rows])
     lines += ["", "## Versions", "",
               "Mean reward of each training step's samples, the seconds since the start at which each update "

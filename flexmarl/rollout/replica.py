@@ -28,6 +28,7 @@ from flexmarl.rollout.config import RolloutConfig
 from flexmarl.rollout.hf_backend import HFBackend
 from flexmarl.rollout.vllm_adapter_backend import VLLMAdapterBackend
 from flexmarl.rollout.vllm_backend import VLLMBackend
+from flexmarl.training import slot
 from flexmarl.training.state import tensor_bytes
 
 
@@ -86,6 +87,15 @@ def load_weights(key: EngineKey, version: int, state: dict[str, torch.Tensor]) -
     except WeightSyncError as exc:
         raise WeightSyncError(f"replica on {worker_address()}: {exc}") from None
     return WeightsLoaded(backend.version, tensor_bytes(state))
+
+
+def load_trainer_weights(key: EngineKey, version: int) -> WeightsLoaded:
+    """``load_weights`` straight from ``key``'s trainer on this worker, its tensors where they are
+    (``slot.weights_in_place``): the backend copies them into its own weights, device to device on a GPU, with no
+    copy through host memory and no fetch."""
+    if version <= replica(key).version:
+        return WeightsLoaded(replica(key).version, 0)
+    return load_weights(key, version, slot.weights_in_place(key, version))
 
 
 def read_weights(uri: str, storage_options: dict | None = None) -> dict[str, torch.Tensor]:

@@ -266,6 +266,17 @@ def weights(key: EngineKey) -> dict[str, torch.Tensor]:
     return held.gathered_weights() if held.fsdp else held.weights()
 
 
+def weights_in_place(key: EngineKey, version: int) -> dict[str, torch.Tensor]:
+    """The trainer's weights of ``version`` where they are, not copied (on its device; an FSDP2 trainer's as its
+    home gathered them), for a rollout engine on this worker to copy into its own: a weight sync that never
+    leaves the device. Raises ``RuntimeError`` when the trainer is at another version."""
+    held = trainer(key)
+    if held.version != version:
+        raise RuntimeError(f"trainer {str(key)!r} is at v{held.version}, not v{version}: no weights of v{version} "
+                           "to sync here")
+    return held.weights_in_place()
+
+
 def save_checkpoint(key: EngineKey, out_dir: str, tokenizer_dir: str) -> str:
     """Save the agent's weights and its tokenizer as a loadable Hugging Face directory (a sharded trainer's, as
     its home gathered them)."""

@@ -541,6 +541,14 @@ class AgentTrainer:
             return {}
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy_state().items()}
 
+    def weights_in_place(self) -> dict[str, torch.Tensor]:
+        """The weights where they are, not copied (an FSDP2 trainer's as its ranks gathered them), for a rollout
+        engine on this worker to copy into its own: a weight sync that never leaves the device. They change with
+        the next optimizer step."""
+        if self.fsdp:
+            return self.gathered_weights()
+        return {k: v.detach() for k, v in self.policy_state().items()}
+
     def gathered_weights(self) -> dict[str, torch.Tensor]:
         """An FSDP2 trainer's whole weights as its ranks last gathered them (``weights``), on rank 0; one rank
         alone cannot gather them, so weights of an older version are refused."""

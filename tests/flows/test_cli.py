@@ -62,6 +62,7 @@ def test_train_tiny_from_the_command_line_then_inspect_the_store(tmp_path: Path)
         # each update's weights reached the agent's replicas: at least one whole model's bytes, timed
         sync = a["weight_sync"]
         assert sync["replica_syncs"] >= 1 and sync["seconds_per_update"] > 0, sync
+        assert sync["in_place_syncs"] >= 1, sync  # the replica beside its trainer loads from it, not from a copy
         assert sync["bytes_per_update"] >= tensor_bytes(load_model(resolve_model("tiny")).state_dict()), sync
 
     # the run's store holds every invariant (unique ids, contiguous versions, on-policy consumption, parents)

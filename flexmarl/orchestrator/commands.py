@@ -136,6 +136,11 @@ class Sync(Job):
     version: int
     source: str | None
 
+    @property
+    def in_place(self) -> bool:
+        """The trainer is on the engine's own worker: the engine copies its tensors where they are."""
+        return self.source == self.worker
+
 
 @dataclass(frozen=True, eq=False)
 class Park(Job):

@@ -382,7 +382,7 @@ class PipelineRunner:
         if isinstance(job, Snapshot):
             version = self.finished_steps[agent][0].policy_version
             return snapshots.save_snapshot, (key, self.snapshot_root, version, options, job.background)
-        if isinstance(job, Sync) and job.source == job.worker:  # the trainer's weights never leave its device
+        if isinstance(job, Sync) and job.in_place:  # the trainer's weights never leave its device
             return replica_fns.load_trainer_weights, (key, job.version)
         if isinstance(job, Sync) and job.source is not None:
             fetch = self.weights.get(agent)
@@ -494,7 +494,7 @@ class PipelineRunner:
             if last and fetch is not None and fetch.version == job.version:
                 del self.weights[job.agent]  # lets Dask free the fetched copies: a 135M model's are 651 MB each
             self.syncs.append(WeightSynced(job.agent, job.version, job.worker, end - start, value.nbytes, last,
-                                           in_place=job.source == job.worker))
+                                           in_place=job.in_place))
             self._notify(self.syncs[-1])
         if job.kind in (JobKind.RESTORE, JobKind.START_REPLICA, JobKind.CATCH_UP):
             sched.recovery.check_recovered(time.time())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,7 +14,7 @@ from rich.table import Table
 
 from flexmarl.config import PRESETS
 from flows.cli_bench import bench_app
-from flows.cli_output import console, err_console, fail
+from flows.cli_output import console, err_console, fail, print_error
 from flows.cli_report import export_command, report_command
 from flows.cli_sim import simulate
 from flows.cli_store import store_app
@@ -56,6 +58,22 @@ def stop_on_sigterm(run_dir: Path) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def stop_when_the_server_exits(run_dir: Path):
+    """What the run does when the Prefect server it started is killed: say so, then end at once, as a kill of the
+    driver would (its workers end with it; a resume continues from the store). Unwinding through Prefect
+    instead waits out its client's retries against the dead server: over four minutes."""
+    from flows.run_failures import lost_api_line
+
+    def stop(url: str, returncode: int) -> None:
+        how = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with code {returncode}"
+        print_error(lost_api_line(url, run_dir, f"its server was {how}" if returncode < 0 else f"its server {how}"))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    return stop
+
+
 @app.command()
 def train(
     config: Annotated[Optional[Path], typer.Argument(help="Config YAML file (default: the preset).")] = None,
@@ -92,7 +110,7 @@ def train(
             from flows.run_failures import explain_failure
             from flows.train import train_run
 
-            with prefect_api() as url:
+            with prefect_api(on_server_exit=stop_when_the_server_exits(run_dir)) as url:
                 console.print(f"Prefect API: {url}")
                 try:
                     report = train_run(

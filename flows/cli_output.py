@@ -12,7 +12,11 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> None:
     """Print an error and exit with ``code``."""
+    print_error(message)
+    raise typer.Exit(code=code)
+
+
+def print_error(message: str) -> None:
     # escape: messages quote YAML such as "[solver, verifier]", which rich would read as markup; soft_wrap:
     # a long path stays whole on one line, so that it can be copied
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=code)

@@ -14,7 +14,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO
 
@@ -54,8 +55,13 @@ def server_command(port: int) -> list[str]:
 
 
 @contextmanager
-def prefect_api(*, startup_timeout_s: float = 90.0) -> Iterator[str]:
-    """Yield the URL of a reachable Prefect API, starting a local server when none is configured."""
+def prefect_api(*, startup_timeout_s: float = 90.0,
+                on_server_exit: Callable[[str, int], None] | None = None) -> Iterator[str]:
+    """Yield the URL of a reachable Prefect API, starting a local server when none is configured.
+
+    ``on_server_exit(url, returncode)`` is called from a watcher thread if the server started here exits while
+    the context is open (it was killed: nothing else stops it). Without it, the run finds out through the
+    Prefect client, whose retries against the dead server take minutes."""
     configured = PREFECT_API_URL.value()
     if configured:
         check_api(configured)
@@ -72,8 +78,12 @@ def prefect_api(*, startup_timeout_s: float = 90.0) -> Iterator[str]:
             server_command(port), env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
         )
         watchdog = start_watchdog(server.pid)
+        closing = threading.Event()
         try:
             _wait_healthy(url, server, stderr, startup_timeout_s)
+            if on_server_exit is not None:
+                threading.Thread(target=_watch_server, args=(server, url, closing, on_server_exit),
+                                 name="prefect-server-watch", daemon=True).start()
             with temporary_settings({PREFECT_API_URL: url}):
                 try:
                     yield url
@@ -83,6 +93,7 @@ def prefect_api(*, startup_timeout_s: float = 90.0) -> Iterator[str]:
                     APILogWorker.drain_all(timeout=10)
                     EventsWorker.drain_all(timeout=10)
         finally:
+            closing.set()
             server.terminate()
             try:
                 server.wait(timeout=15)
@@ -114,6 +125,15 @@ for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
             sys.exit(0)
         time.sleep(0.2)
 """
+
+
+def _watch_server(server: subprocess.Popen, url: str, closing: threading.Event,
+                  on_exit: Callable[[str, int], None]) -> None:
+    while not closing.wait(0.5):
+        if server.poll() is not None:
+            if not closing.is_set():
+                on_exit(url, server.returncode)
+            return
 
 
 def start_watchdog(server_pid: int) -> subprocess.Popen:

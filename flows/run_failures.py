@@ -26,10 +26,15 @@ def explain_failure(exc: BaseException, api_url: str, run_dir: Path) -> str | No
     try:
         check_api(api_url, timeout_s=5.0)
     except PrefectAPIError:
-        return (f"the run stopped: the Prefect API at {api_url} stopped answering ({type(exc).__name__}: "
-                f"{_first_line(exc)}); what it committed is kept: {resume} (it starts a new server unless "
-                "PREFECT_API_URL names one)")
+        return lost_api_line(api_url, run_dir, f"{type(exc).__name__}: {_first_line(exc)}")
     return None
+
+
+def lost_api_line(api_url: str, run_dir: Path, cause: str) -> str:
+    """The line for a run whose Prefect API went away, for ``cause``."""
+    return (f"the run stopped: the Prefect API at {api_url} stopped answering ({cause}); what it committed is "
+            f"kept: continue it with `flexmarl train --resume {run_dir}` (it starts a new server unless "
+            "PREFECT_API_URL names one)")
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

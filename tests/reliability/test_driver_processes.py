@@ -128,8 +128,9 @@ def test_the_prefect_server_killed_mid_run_stops_it_with_one_line_and_it_resumes
         driver.wait(timeout=600)
         text = log.read_text()
         assert driver.returncode == 1, text[-3000:]
-        tail = text[-2000:]  # the last thing printed: one line, after Prefect's own log of the failure
-        assert "the Prefect API at" in tail and "stopped answering" in tail, text[-3000:]
+        tail = text[-2000:]  # the last thing printed: one line
+        # the run saw its own server end, instead of waiting out the Prefect client's retries (minutes)
+        assert "stopped answering (its server was killed by SIGKILL)" in tail, text[-3000:]
         assert f"flexmarl train --resume {run_dir}" in tail
         assert_all_end(procs)
     finally:

@@ -46,12 +46,17 @@ COSTS = {
     "tiny-large": TokenCosts(decode_s=4e-4, prefill_s=7e-5, train_s=2e-4, sample_s=0.0, update_s=1.5,
                              snapshot_s=0.0),
 }
+PACE = 1.2
+"""This machine's pace on the same work moved by 1.3x between idle days: the costs above are the fastest day's, and
+the estimate is scaled to the middle of the three idle runs measured, which it then meets within 16%
+(docs/performance.md, "The run estimate")."""
 TRAINED_SHARE = 0.45
 """With ``training.dynamic_sampling``, the share of samples in groups with a learning signal, the ones trained:
 49% of the solver's and 41% of the verifier's in that `make run`."""
-LATER_TURN_SHARE = 0.3
+LATER_TURN_SHARE = 0.6
 """The share of episodes that run a loop's later turns, where an early stop may skip them: the default team's
-verifier rejected 26% of its first answers over 40 steps of `bench learning` (docs/performance.md, "Learning")."""
+verifier rejected 60% of the solver's first answers over the first 24 steps of `bench learning` (2026-12-07;
+docs/performance.md, "The run estimate")."""
 
 
 def expected_runs(cfg: RunConfig, node: str) -> float:
@@ -111,7 +116,7 @@ def estimate_run_s(cfg: RunConfig) -> float | None:
     for spec in cfg.agents.values():
         costs = COSTS[spec.model]
         total += costs.update_s + (costs.snapshot_s / cfg.run.snapshot_every if cfg.run.save_state else 0.0)
-    return cfg.run.steps * total / max(cfg.cluster.n_workers, 1)
+    return PACE * cfg.run.steps * total / max(cfg.cluster.n_workers, 1)
 
 
 def describe_estimate(cfg: RunConfig) -> str:

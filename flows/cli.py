@@ -65,8 +65,9 @@ def stop_when_the_server_exits(run_dir: Path):
     from flows.run_failures import lost_api_line
 
     def stop(url: str, returncode: int) -> None:
-        how = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with code {returncode}"
-        print_error(lost_api_line(url, run_dir, f"its server was {how}" if returncode < 0 else f"its server {how}"))
+        cause = (f"its server was killed by {signal.Signals(-returncode).name}" if returncode < 0
+                 else f"its server exited with code {returncode}")
+        print_error(lost_api_line(url, run_dir, cause))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

@@ -49,7 +49,7 @@ def cli(monkeypatch):
     reached: list[dict] = []
 
     @contextlib.contextmanager
-    def fake_api():
+    def fake_api(**settings):  # the real one's keyword settings (on_server_exit) do nothing here
         yield "http://stub/api"
 
     def fake_flow(**kwargs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -58,7 +59,7 @@ def stop_on_sigterm(run_dir: Path) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def stop_when_the_server_exits(run_dir: Path):
+def stop_when_the_server_exits(run_dir: Path) -> Callable[[str, int], None]:
     """What the run does when the Prefect server it started is killed: say so, then end at once, as a kill of the
     driver would (its workers end with it; a resume continues from the store). Unwinding through Prefect
     instead waits out its client's retries against the dead server: over four minutes."""

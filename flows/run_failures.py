@@ -18,11 +18,10 @@ NO_SPACE = ("No space left on device", "os error 28")
 
 def explain_failure(exc: BaseException, api_url: str, run_dir: Path) -> str | None:
     """The line for ``exc`` when the disk is full or the API at ``api_url`` no longer answers, else None."""
-    resume = f"continue it with `flexmarl train --resume {run_dir}`"
     full = next((e for e in _chain(exc) if _no_space(e)), None)
     if full is not None:
         return (f"the run stopped: the disk is full ({type(full).__name__}: {_first_line(full)}); what it committed "
-                f"is kept: free space under {run_dir.resolve()}, then {resume}")
+                f"is kept: free space under {run_dir.resolve()}, then {_resume(run_dir)}")
     try:
         check_api(api_url, timeout_s=5.0)
     except PrefectAPIError:
@@ -33,8 +32,11 @@ def explain_failure(exc: BaseException, api_url: str, run_dir: Path) -> str | No
 def lost_api_line(api_url: str, run_dir: Path, cause: str) -> str:
     """The line for a run whose Prefect API went away, for ``cause``."""
     return (f"the run stopped: the Prefect API at {api_url} stopped answering ({cause}); what it committed is "
-            f"kept: continue it with `flexmarl train --resume {run_dir}` (it starts a new server unless "
-            "PREFECT_API_URL names one)")
+            f"kept: {_resume(run_dir)} (it starts a new server unless PREFECT_API_URL names one)")
+
+
+def _resume(run_dir: Path) -> str:
+    return f"continue it with `flexmarl train --resume {run_dir}`"
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -4,9 +4,9 @@
 early stops) with one ``HFBackend`` per model, greedily by default; ``score_team`` spreads the problems over a
 Dask cluster's workers, and ``team_figures`` turns the episodes into what a researcher reads: the team's accuracy
 (its answer node's last answer), the answer node's first answer alone, each judge's verdicts against the truth
-(``judge_figures``), each agent's calls per problem, with 95% Wilson intervals. Used by ``flexmarl evaluate``
-(``flows/evaluate.py``) and ``flexmarl bench learning``. ``answer_node`` scores one node on given parent answers
-(a base verifier judging a trained solver's answers).
+(``judge_report``: over every verdict, and over each problem's first), each agent's calls per problem, with 95%
+Wilson intervals. Used by ``flexmarl evaluate`` (``flows/evaluate.py``) and ``flexmarl bench learning``.
+``answer_node`` scores one node on given parent answers (a base verifier judging a trained solver's answers).
 """
 
 from __future__ import annotations
@@ -301,13 +301,14 @@ def score_team(client, cfg: RunConfig, model_dirs: Mapping[str, str | Path], pro
 
 
 def judge_again(cfg: RunConfig, agent: str, model_dir: str | Path, runs: Sequence[TeamRun], *,
-                batch_size: int = 32) -> list[tuple[str | None, bool]]:
+                batch_size: int = 32) -> list[Judgment]:
     """``agent``'s verdicts, with the weights in ``model_dir``, on the very answers its nodes judged in ``runs``
-    (e.g. the base verifier on the trained solver's answers): one (verdict, judged answer right) per judgment.
+    (e.g. the base verifier on the trained solver's answers): one ``Judgment`` per judged answer.
 
     The agent's other nodes that ran are generated again too, in graph order, so a judge that first works the
     problem out reads its own working; the other agents' answers are the ones in ``runs``."""
-    out: list[tuple[str | None, bool]] = []
+    out: list[Judgment] = []
+    judged_once: set[int] = set()  # the runs whose first verdict is already out (nodes go in graph order)
     order = cfg.graph.expanded.order()
     by_run = [{x.node: Answer(run.problem.input_id, x.response, x.parsed, x.reward) for x in run.nodes}
               for run in runs]
@@ -322,7 +323,9 @@ def judge_again(cfg: RunConfig, agent: str, model_dir: str | Path, runs: Sequenc
         for i, answer in zip(ran, answers, strict=True):
             by_run[i][node] = answer  # this agent's later nodes read it
             if truths[i][node] is not None:
-                out.append((answer.parsed, bool(truths[i][node])))
+                out.append(Judgment(first=i not in judged_once, verdict=answer.parsed,
+                                    judged_right=bool(truths[i][node])))
+                judged_once.add(i)
     return out
 
 
@@ -352,22 +355,48 @@ def judge_figures(verdicts: Sequence[str | None], truths: Sequence[bool]) -> dic
             "always_yes": len(right) / n, "always_no": len(wrong) / n}
 
 
+@dataclass(frozen=True)
+class Judgment:
+    """One verdict of a judge: whether it is the problem's first (on the first answer the judge read), what it
+    said, and whether the answer it judged was right."""
+
+    first: bool
+    verdict: str | None
+    judged_right: bool
+
+
+def judge_report(judgments: Sequence[Judgment]) -> dict:
+    """``judge_figures`` over every verdict, and in ``on_first_answers`` over each problem's first verdict alone.
+
+    The first verdicts are one held-out pair (problem, proposed answer) per problem. The later ones are not
+    independent of them: a loop's second turn exists because the first verdict rejected, and a judge that does not
+    read the answer (a ``same_result`` verifier) repeats its verdict word for word when the solver repeats its
+    answer, so over every verdict its rejections of right answers count twice.
+    """
+    first = [j for j in judgments if j.first]
+    return {**judge_figures([j.verdict for j in judgments], [j.judged_right for j in judgments]),
+            "on_first_answers": judge_figures([j.verdict for j in first], [j.judged_right for j in first])}
+
+
 def team_figures(runs: Sequence[TeamRun]) -> dict:
     """What the team did on the problems: ``team`` accuracy, ``first_answer`` accuracy (the answer node alone),
-    and per agent its ``calls_per_problem``, ``mean_reward`` and, for a judge, ``judge_figures`` over every
-    verdict it gave."""
+    and per agent its ``calls_per_problem``, ``mean_reward`` and, for a judge, its ``judge_report``."""
     n = len(runs)
     by_agent: dict[str, list[NodeRun]] = defaultdict(list)
+    judgments: dict[str, list[Judgment]] = defaultdict(list)
     for run in runs:
-        for node in run.nodes:
+        judged_here: set[str] = set()  # the agents whose first verdict on this problem is counted
+        for node in run.nodes:  # in the order they ran
             by_agent[node.agent].append(node)
+            if node.judged_right is not None:
+                judgments[node.agent].append(Judgment(node.agent not in judged_here, node.parsed, node.judged_right))
+                judged_here.add(node.agent)
     agents = {}
     for agent, nodes in by_agent.items():
         figures = {"calls_per_problem": len(nodes) / max(n, 1),
                    "mean_reward": sum(x.reward for x in nodes) / len(nodes)}
-        judged = [x for x in nodes if x.judged_right is not None]
-        if judged:
-            figures["judge"] = judge_figures([x.parsed for x in judged], [bool(x.judged_right) for x in judged])
+        if judgments[agent]:
+            figures["judge"] = judge_report(judgments[agent])
         agents[agent] = figures
     return {"n": n, "team": proportion(sum(r.team_correct for r in runs), n),
             "first_answer": proportion(sum(r.first_answer_correct for r in runs), n), "agents": agents}
@@ -375,9 +404,8 @@ def team_figures(runs: Sequence[TeamRun]) -> dict:
 
 def judged_again(client, cfg: RunConfig, agent: str, model_dir: Path, runs: Sequence[TeamRun], *,
                  batch_size: int = 32) -> dict:
-    """``judge_figures`` of ``judge_again`` spread over the cluster's workers."""
-    pairs = spread(client, judge_again, list(runs), cfg, agent, str(model_dir), batch_size=batch_size)
-    return judge_figures([v for v, _ in pairs], [t for _, t in pairs])
+    """``judge_report`` of ``judge_again`` spread over the cluster's workers."""
+    return judge_report(spread(client, judge_again, list(runs), cfg, agent, str(model_dir), batch_size=batch_size))
 
 
 def judge_agents(cfg: RunConfig) -> list[str]:
@@ -391,7 +419,7 @@ def evaluation_report(client, cfg: RunConfig, trained_dirs: Mapping[str, Path], 
 
     Returns:
         The report (``trained`` and ``base``: ``team_figures``; ``base_judges``: per judge agent, the base weights'
-        ``judge_figures`` on the very answers the trained judge judged), and the trained team's runs.
+        ``judge_report`` on the very answers the trained judge judged), and the trained team's runs.
     """
     trained = score_team(client, cfg, trained_dirs, problems, batch_size=batch_size)
     base = score_team(client, cfg, base_dirs, problems, batch_size=batch_size)

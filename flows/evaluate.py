@@ -81,11 +81,14 @@ def evaluation_rows(report: dict) -> list[dict]:
         rows.append({"what": f"{agent}: calls per problem", "base": f"{base.get('calls_per_problem', 0):.2f}",
                      "trained": f"{figures['calls_per_problem']:.2f}"})
         if "judge" in figures:
-            mine, theirs = figures["judge"], report["base_judges"][agent]
-            for key in ("tpr", "tnr"):
-                rows.append({"what": f"{agent} on the trained answers: {key}", "base": share(theirs[key]),
-                             "trained": share(mine[key])})
-            for key in ("balanced", "unparsed"):
-                rows.append({"what": f"{agent} on the trained answers: {key}", "base": number(theirs[key]),
-                             "trained": number(mine[key])})
+            for which, mine, theirs in (
+                    ("first answers", figures["judge"]["on_first_answers"],
+                     report["base_judges"][agent]["on_first_answers"]),
+                    ("every answer", figures["judge"], report["base_judges"][agent])):
+                for key in ("tpr", "tnr"):
+                    rows.append({"what": f"{agent} on the trained {which}: {key}", "base": share(theirs[key]),
+                                 "trained": share(mine[key])})
+                for key in ("balanced", "unparsed"):
+                    rows.append({"what": f"{agent} on the trained {which}: {key}", "base": number(theirs[key]),
+                                 "trained": number(mine[key])})
     return rows

@@ -88,6 +88,7 @@ def test_tiny_run_trains_both_agents_and_the_store_matches_the_report(prefect_ap
     assert 0.0 <= first["trained"]["team"]["accuracy"] <= 1.0
     assert set(first["base_judges"]) == {"verifier"}
     assert first["trained"]["agents"]["verifier"]["judge"]["n"] == 4  # one verdict per solver answer
+    assert first["base_judges"]["verifier"]["on_first_answers"]["n"] == 4
     runs = [json.loads(line) for line in (run_dir / "evaluation_runs.jsonl").read_text().splitlines()]
     assert json.loads((run_dir / "evaluation.json").read_text()) == first
     # a run trained on a scheduler that is gone by now is evaluated on a cluster of its own

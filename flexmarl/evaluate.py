@@ -300,6 +300,16 @@ def score_team(client, cfg: RunConfig, model_dirs: Mapping[str, str | Path], pro
                   {a: str(d) for a, d in model_dirs.items()}, batch_size=batch_size)
 
 
+@dataclass(frozen=True)
+class Judgment:
+    """One verdict of a judge: whether it is the problem's first (on the first answer the judge read), what it
+    said, and whether the answer it judged was right."""
+
+    first: bool
+    verdict: str | None
+    judged_right: bool
+
+
 def judge_again(cfg: RunConfig, agent: str, model_dir: str | Path, runs: Sequence[TeamRun], *,
                 batch_size: int = 32) -> list[Judgment]:
     """``agent``'s verdicts, with the weights in ``model_dir``, on the very answers its nodes judged in ``runs``
@@ -353,16 +363,6 @@ def judge_figures(verdicts: Sequence[str | None], truths: Sequence[bool]) -> dic
             "unparsed": sum(v is None for v in verdicts) / n,
             "said_correct": sum(v == "correct" for v in verdicts) / n,
             "always_yes": len(right) / n, "always_no": len(wrong) / n}
-
-
-@dataclass(frozen=True)
-class Judgment:
-    """One verdict of a judge: whether it is the problem's first (on the first answer the judge read), what it
-    said, and whether the answer it judged was right."""
-
-    first: bool
-    verdict: str | None
-    judged_right: bool
 
 
 def judge_report(judgments: Sequence[Judgment]) -> dict:

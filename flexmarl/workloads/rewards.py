@@ -64,18 +64,31 @@ def worked_result(text: str) -> str | None:
     return canonical_number(match.group(1)) if match else None
 
 
+def _verdict_with_result(x: RewardInput, result: str | None) -> float:
+    """0 for a wrong (or unreadable) verdict on the first parent's answer; for a right one, 1 when the judge's
+    own result is the problem's answer, else 0.5."""
+    if x.parsed is None or not x.parents or (x.parsed == "correct") != parent_correct(x):
+        return 0.0
+    return 1.0 if _is_correct(result, x.problem.answer) else 0.5
+
+
 def verdict_checked(x: RewardInput) -> float:
-    """For a verifier that works the problem out before its verdict: 0 for a wrong (or unreadable) verdict on the
-    first parent's answer; for a right one, 1 when its working reaches the problem's answer (the result after its
-    first ``=``), else 0.5.
+    """For a verifier that works the problem out before its verdict: its verdict's reward, with half credit when
+    its working does not reach the problem's answer (the result after its first ``=``).
 
     The verdict decides whether anything is earned, so always agreeing or always refusing never pays more than
     judging; the half credit makes the verifier's own sum worth getting right, which a 135M verifier rewarded
     for its verdict alone drops (it learns to answer a bare "yes" or "no", docs/performance.md).
     """
-    if x.parsed is None or not x.parents or (x.parsed == "correct") != parent_correct(x):
-        return 0.0
-    return 1.0 if _is_correct(worked_result(x.text), x.problem.answer) else 0.5
+    return _verdict_with_result(x, worked_result(x.text))
+
+
+def verdict_and_result(x: RewardInput) -> float:
+    """For a judge whose verdict is a comparison (``same_result``): its verdict's reward, with half credit when its
+    own result (its last number) is not the problem's answer. Rewarded for the verdict alone, any wrong result
+    but the wrong answer it judges earns as much as the right one, and the judge's sums drift
+    (docs/performance.md, "Learning"); here the right sum always earns most."""
+    return _verdict_with_result(x, last_number(x.text))
 
 
 def class_balanced(rewards: list[float], classes: list[object]) -> list[float]:

@@ -155,3 +155,18 @@ def test_a_judge_that_works_alone_is_judged_by_comparison_and_learns_its_own_res
     # rewarded for its own result, whatever the solver said: its verdict follows from it
     assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 1.0, 0.0, 0.0]
     assert [ep.outputs["verifier"].parsed for ep in episodes] == ["correct", "incorrect", "incorrect", "correct"]
+
+
+def test_a_comparing_judge_rewarded_for_its_verdict_and_result_earns_most_by_the_right_sum() -> None:
+    from flexmarl.workloads.registry import parse
+
+    spec = MEGSpec.model_validate({**SPEC.model_dump(), "agents": {**SPEC.model_dump()["agents"], "verifier": {
+        "model": "tiny", "prompt": "{question}", "parser": "same_result", "reward": "verdict_and_result"}}})
+    episodes = []
+    for j, (answer, own) in enumerate([("2", "2"), ("3", "2"), ("2", "5"), ("3", "3"), ("3", "4")]):
+        ep = _episode(j, answer, parse("same_result", own, answer))
+        ep.outputs["verifier"].text = f"1 + 1 = {own}"
+        episodes.append(ep)
+    score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    # a wrong sum that differs from the wrong answer it judges earns half of what the right sum earns there
+    assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 1.0, 0.0, 0.0, 0.5]

@@ -31,7 +31,7 @@ from flexmarl.configbase import Strict, did_you_mean
 from flexmarl.meg.graph import DeclaredLoop, DeclaredNode, ExpandedGraph, expand
 from flexmarl.models.adapter_config import AdapterConfig
 from flexmarl.models.names import check_model_setting
-from flexmarl.workloads.registry import COMPARING_PARSERS, PARSERS, REWARD_PROBLEM_FIELDS, REWARDS
+from flexmarl.workloads.registry import COMPARING_PARSERS, JUDGED_ON_GROUP, PARSERS, REWARD_PROBLEM_FIELDS, REWARDS
 
 NAME = r"^[a-z][a-z0-9_]{0,39}$"  # agent and node names become table and directory names
 
@@ -314,6 +314,12 @@ class MEGSpec(Strict):
                     f"node {node.name!r}: the parser {role.parser!r} compares the node's result with its first "
                     f"parent's answer, and the node has no parent; add an edge [<answer node>, {node.name}] to "
                     "graph.edges"
+                )
+            if role.reward in JUDGED_ON_GROUP and role.parser not in COMPARING_PARSERS:
+                raise ValueError(
+                    f"node {node.name!r}: the reward {role.reward!r} scores the node's result on every answer of its "
+                    f"group, which needs a parser that compares it with the answer; set its parser to one of "
+                    f"{sorted(COMPARING_PARSERS)}, or its reward to verdict_mixed"
                 )
             missing = sorted(role.template_fields() - available)
             if missing:

@@ -13,8 +13,8 @@ from flexmarl.meg.spec import MEGSpec
 from flexmarl.rollout.episodes import Episode, NodeOutput
 from flexmarl.training.config import TrainerConfig
 from flexmarl.training.losses import agent_scaled, group_advantages
-from flexmarl.workloads.registry import BALANCED_BY_CLASS, JUDGED_CLASS, MIXED_ONLY, REWARDS
-from flexmarl.workloads.rewards import RewardInput, class_balanced
+from flexmarl.workloads.registry import BALANCED_BY_CLASS, JUDGED_CLASS, JUDGED_ON_GROUP, MIXED_ONLY, REWARDS, parse
+from flexmarl.workloads.rewards import RewardInput, balanced_accuracy, class_balanced
 from storage.schema import EPISODE_SCHEMA, SAMPLE_SCHEMA, SampleStatus
 from storage.store import now
 
@@ -27,14 +27,16 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
     Each agent's ``advantage`` setting says how: 'group' scales by the group's std; 'group_mean' and
     'agent' only centre here ('agent' is scaled once the agent's whole batch is known: ``scale_by_agent``).
     Rewards listed in ``BALANCED_BY_CLASS`` (``verdict_balanced``) are then reweighted within each
-    group so that every class of sample weighs the same (``rewards.class_balanced``); those in ``MIXED_ONLY``
-    (the verifier's ``verdict_mixed``) get no advantage in a group whose samples judge one class only.
+    group so that every class of sample weighs the same (``rewards.class_balanced``); those in ``JUDGED_ON_GROUP``
+    are replaced by the balanced accuracy of the judge's result on every answer its group judged; those in
+    ``MIXED_ONLY`` (the verifier's ``verdict_mixed``) get no advantage in a group whose samples judge one class only.
 
     A reward function that raises marks its episode failed (``episode.error``); a failed episode's samples keep
     no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped have no output,
     so they get no reward and join no group: a group holds only the samples that exist.
     """
     classes: dict[int, bool] = {}  # id(output) -> the class a judge's sample judges, for balanced and mixed groups
+    judged: dict[int, str | None] = {}  # id(output) -> the answer a judge's sample judges, for JUDGED_ON_GROUP
     for ep in episodes:
         rewards: dict[str, float] = {}
         for node, x in reward_inputs(ep, spec).items():
@@ -44,6 +46,8 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
                 rewards[node] = float(REWARDS[reward_name](x))
                 if reward_name in BALANCED_BY_CLASS | MIXED_ONLY:
                     classes[id(out)] = JUDGED_CLASS[reward_name](x)
+                if reward_name in JUDGED_ON_GROUP:
+                    judged[id(out)] = x.parsed_outputs.get(x.parents[0]) if x.parents else None
             except Exception as exc:  # noqa: BLE001 - reward code may fail on odd outputs: record and go on
                 ep.error = f"reward {reward_name!r} of node {node!r} failed: {type(exc).__name__}: {exc}"
                 log.warning("episode %s failed, the run goes on without its samples: %s; fix that reward function "
@@ -64,6 +68,10 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
             for out, r in zip(outs, class_balanced([o.reward for o in outs], [classes[id(o)] for o in outs]),
                               strict=True):
                 out.reward = r
+        if reward_name in JUDGED_ON_GROUP:
+            parser, group_classes = spec.role(outs[0].node).parser, [classes[id(o)] for o in outs]
+            for out in outs:
+                out.reward = balanced_accuracy([parse(parser, out.text, judged[id(o)]) for o in outs], group_classes)
         if reward_name in MIXED_ONLY and len({classes[id(o)] for o in outs}) < 2:
             for out in outs:
                 out.advantage = 0.0

@@ -40,6 +40,7 @@ REWARDS: dict[str, Callable[[rewards.RewardInput], float]] = {
     "verdict_mixed": rewards.verdict_matches,  # trained only on groups judging both classes: MIXED_ONLY
     "verdict_checked": rewards.verdict_checked,  # MIXED_ONLY too
     "verdict_and_result": rewards.verdict_and_result,  # MIXED_ONLY too
+    "verdict_on_group": rewards.verdict_matches,  # re-scored on the whole group: JUDGED_ON_GROUP, MIXED_ONLY
     "result_correct": rewards.result_correct,  # a judge's own result, its verdict a comparison (same_result)
     "copies_question": rewards.copies_question,
     "copies_parent": rewards.copies_parent,
@@ -56,6 +57,7 @@ JUDGED_CLASS: dict[str, Callable[[rewards.RewardInput], bool]] = {
     "verdict_mixed": rewards.parent_correct,
     "verdict_checked": rewards.parent_correct,
     "verdict_and_result": rewards.parent_correct,
+    "verdict_on_group": rewards.parent_correct,
     "result_correct": rewards.parent_correct,
     "code_verdict_matches": rewards.parent_code_passes,
 }
@@ -65,7 +67,12 @@ BALANCED_BY_CLASS = frozenset({"verdict_balanced"})
 # Judging rewards trained only in the GRPO groups whose samples judge both classes: the samples of a group that
 # judges one class get no advantage, so a verifier cannot earn by reading the problem's difficulty (all of a
 # group's answers wrong: "no" pays) instead of the answer it judges.
-MIXED_ONLY = frozenset({"verdict_balanced", "verdict_mixed", "verdict_checked", "verdict_and_result"})
+MIXED_ONLY = frozenset({"verdict_balanced", "verdict_mixed", "verdict_checked", "verdict_and_result",
+                        "verdict_on_group"})
+# Rewards of a comparing judge (its parser in COMPARING_PARSERS) scored on every answer of its GRPO group: its
+# result, compared with each answer, is a verdict on each, and its reward is their balanced accuracy
+# (``rewards.balanced_accuracy``). The answer it happened to be paired with then adds no noise to its reward.
+JUDGED_ON_GROUP = frozenset({"verdict_on_group"})
 
 # Task fields a reward reads beyond ``question`` and the answer; a config whose data lacks them is refused.
 REWARD_PROBLEM_FIELDS: dict[str, set[str]] = {

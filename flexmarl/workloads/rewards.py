@@ -112,6 +112,28 @@ def class_balanced(rewards: list[float], classes: list[object]) -> list[float]:
     return [r * n / (present * counts[c]) for r, c in zip(rewards, classes, strict=True)]
 
 
+def balanced_accuracy(verdicts: list[str | None], classes: list[bool]) -> float:
+    """The mean over the classes present of the share of right verdicts: ``"correct"`` on a right answer
+    (class True), ``"incorrect"`` on a wrong one; an unreadable verdict (None) is never right.
+
+    The reward ``verdict_on_group`` of a judge whose verdict is its own result compared with the answer
+    (``same_result``): such a judge does not read the answer, so its result gives a verdict on every answer of
+    its group, and is scored on all of them (``rollout/scoring.py``).
+
+    Example: the right sum 2 judges [2, 3, 3] right on all; the wrong 3 accepts the wrong 3s and rejects the 2.
+        >>> balanced_accuracy(["correct", "incorrect", "incorrect"], [True, False, False])
+        1.0
+        >>> balanced_accuracy(["incorrect", "correct", "correct"], [True, False, False])
+        0.0
+    """
+    if len(verdicts) != len(classes):
+        raise ValueError(f"{len(verdicts)} verdicts for {len(classes)} classes")
+    by_class: dict[bool, list[bool]] = {}
+    for v, c in zip(verdicts, classes, strict=True):
+        by_class.setdefault(c, []).append(v is not None and (v == "correct") == c)
+    return sum(sum(right) / len(right) for right in by_class.values()) / len(by_class) if by_class else 0.0
+
+
 def final_correct(x: RewardInput) -> float:
     """The share of the episode's final nodes (e.g. the aggregator) whose answer is correct.
 

@@ -146,3 +146,11 @@ def test_a_comparing_parser_needs_a_parent_to_compare_with() -> None:
     with pytest.raises(ConfigError, match="compares the node's result with its first parent's answer.*add an edge"):
         load_config(preset="tiny", overrides=["agents.verifier.parser=same_result", "graph.edges=[]",
                                               "agents.verifier.prompt='{question}'"])
+
+
+def test_a_reward_scored_on_the_group_needs_a_comparing_parser() -> None:
+    cfg = load_config(preset="tiny", overrides=["agents.verifier.parser=same_result",
+                                                "agents.verifier.reward=verdict_on_group"])
+    assert cfg.role("verifier").reward == "verdict_on_group"
+    with pytest.raises(ConfigError, match="'verdict_on_group' scores the node's result.*set its parser to one of"):
+        load_config(preset="tiny", overrides=["agents.verifier.reward=verdict_on_group"])

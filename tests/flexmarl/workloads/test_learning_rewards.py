@@ -170,3 +170,22 @@ def test_a_comparing_judge_rewarded_for_its_verdict_and_result_earns_most_by_the
     score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
     # a wrong sum that differs from the wrong answer it judges earns half of what the right sum earns there
     assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 1.0, 0.0, 0.0, 0.5]
+
+
+def test_a_comparing_judge_rewarded_on_its_group_is_scored_on_every_answer_the_group_judged() -> None:
+    from flexmarl.workloads.registry import parse
+
+    spec = MEGSpec.model_validate({**SPEC.model_dump(), "agents": {**SPEC.model_dump()["agents"], "verifier": {
+        "model": "tiny", "prompt": "{question}", "parser": "same_result", "reward": "verdict_on_group"}}})
+    episodes = []
+    # right answer 2; the group judges two right answers and two wrong ones, all "3"
+    for j, (answer, own) in enumerate([("2", "2"), ("3", "3"), ("3", "4"), ("2", "5")]):
+        ep = _episode(j, answer, parse("same_result", own, answer))
+        ep.outputs["verifier"].text = f"1 + 1 = {own}"
+        episodes.append(ep)
+    score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    # the right sum is right on all four; the solver's own mistake wrong on all; another wrong sum rejects the
+    # wrong answers only, whichever answer it was paired with
+    assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 0.0, 0.5, 0.5]
+    advantages = [ep.outputs["verifier"].advantage for ep in episodes]
+    assert advantages[0] > advantages[2] == advantages[3] > advantages[1]

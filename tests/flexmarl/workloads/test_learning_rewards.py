@@ -136,6 +136,22 @@ def test_each_node_is_rewarded_and_grouped_by_its_own_role() -> None:
     assert episodes[0].outputs["check"].advantage > 0 > episodes[2].outputs["check"].advantage
 
 
+def compared(reward: str, pairs: list[tuple[str, str]]) -> list[Episode]:
+    """One group of episodes of ``1 + 1`` scored for a verifier that works the sum out (``same_result``) under
+    ``reward``: each pair is (the solver's answer, the verifier's own result)."""
+    from flexmarl.workloads.registry import parse
+
+    spec = MEGSpec.model_validate({**SPEC.model_dump(), "agents": {**SPEC.model_dump()["agents"], "verifier": {
+        "model": "tiny", "prompt": "{question}", "parser": "same_result", "reward": reward}}})
+    episodes = []
+    for j, (answer, own) in enumerate(pairs):
+        ep = _episode(j, answer, parse("same_result", own, answer))
+        ep.outputs["verifier"].text = f"1 + 1 = {own}"
+        episodes.append(ep)
+    score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    return episodes
+
+
 def test_a_judge_that_works_alone_is_judged_by_comparison_and_learns_its_own_result() -> None:
     from flexmarl.workloads.parsers import same_result
     from flexmarl.workloads.registry import parse
@@ -144,46 +160,21 @@ def test_a_judge_that_works_alone_is_judged_by_comparison_and_learns_its_own_res
     assert same_result("47 + 38 = 85", "75") == "incorrect" and same_result("47 + 38 = 85", None) == "incorrect"
     assert same_result("I cannot", "85") is None
     assert parse("same_result", "= 85.0", "85") == "correct" and parse("last_number", "= 85.0", None) == "85"
-    spec = MEGSpec.model_validate({**SPEC.model_dump(), "agents": {**SPEC.model_dump()["agents"], "verifier": {
-        "model": "tiny", "prompt": "{question}", "parser": "same_result", "reward": "result_correct"}}})
-    episodes = []
-    for j, (answer, own) in enumerate([("2", "2"), ("3", "2"), ("2", "5"), ("3", "3")]):
-        ep = _episode(j, answer, parse("same_result", own, answer))
-        ep.outputs["verifier"].text = f"1 + 1 = {own}"
-        episodes.append(ep)
-    score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    episodes = compared("result_correct", [("2", "2"), ("3", "2"), ("2", "5"), ("3", "3")])
     # rewarded for its own result, whatever the solver said: its verdict follows from it
     assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 1.0, 0.0, 0.0]
     assert [ep.outputs["verifier"].parsed for ep in episodes] == ["correct", "incorrect", "incorrect", "correct"]
 
 
 def test_a_comparing_judge_rewarded_for_its_verdict_and_result_earns_most_by_the_right_sum() -> None:
-    from flexmarl.workloads.registry import parse
-
-    spec = MEGSpec.model_validate({**SPEC.model_dump(), "agents": {**SPEC.model_dump()["agents"], "verifier": {
-        "model": "tiny", "prompt": "{question}", "parser": "same_result", "reward": "verdict_and_result"}}})
-    episodes = []
-    for j, (answer, own) in enumerate([("2", "2"), ("3", "2"), ("2", "5"), ("3", "3"), ("3", "4")]):
-        ep = _episode(j, answer, parse("same_result", own, answer))
-        ep.outputs["verifier"].text = f"1 + 1 = {own}"
-        episodes.append(ep)
-    score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    episodes = compared("verdict_and_result", [("2", "2"), ("3", "2"), ("2", "5"), ("3", "3"), ("3", "4")])
     # a wrong sum that differs from the wrong answer it judges earns half of what the right sum earns there
     assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 1.0, 0.0, 0.0, 0.5]
 
 
 def test_a_comparing_judge_rewarded_on_its_group_is_scored_on_every_answer_the_group_judged() -> None:
-    from flexmarl.workloads.registry import parse
-
-    spec = MEGSpec.model_validate({**SPEC.model_dump(), "agents": {**SPEC.model_dump()["agents"], "verifier": {
-        "model": "tiny", "prompt": "{question}", "parser": "same_result", "reward": "verdict_on_group"}}})
-    episodes = []
     # right answer 2; the group judges two right answers and two wrong ones, all "3"
-    for j, (answer, own) in enumerate([("2", "2"), ("3", "3"), ("3", "4"), ("2", "5")]):
-        ep = _episode(j, answer, parse("same_result", own, answer))
-        ep.outputs["verifier"].text = f"1 + 1 = {own}"
-        episodes.append(ep)
-    score(episodes, spec, {"solver": TrainerConfig(), "verifier": TrainerConfig()})
+    episodes = compared("verdict_on_group", [("2", "2"), ("3", "3"), ("3", "4"), ("2", "5")])
     # the right sum is right on all four; the solver's own mistake wrong on all; another wrong sum rejects the
     # wrong answers only, whichever answer it was paired with
     assert [ep.outputs["verifier"].reward for ep in episodes] == [1.0, 0.0, 0.5, 0.5]

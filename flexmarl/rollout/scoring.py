@@ -35,7 +35,7 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
     no reward and are not trained on, and the run goes on. Nodes a loop's early stop skipped have no output,
     so they get no reward and join no group: a group holds only the samples that exist.
     """
-    classes: dict[int, bool] = {}  # id(output) -> the class a judge's sample judges, for balanced and mixed groups
+    classes: dict[int, bool] = {}  # id(output) -> the class a judge's sample judges, for the groups below
     judged: dict[int, str | None] = {}  # id(output) -> the answer a judge's sample judges, for JUDGED_ON_GROUP
     for ep in episodes:
         rewards: dict[str, float] = {}
@@ -44,7 +44,7 @@ def score(episodes: list[Episode], spec: MEGSpec, trainers: dict[str, TrainerCon
             reward_name = spec.role(node).reward
             try:
                 rewards[node] = float(REWARDS[reward_name](x))
-                if reward_name in BALANCED_BY_CLASS | MIXED_ONLY:
+                if reward_name in BALANCED_BY_CLASS | MIXED_ONLY | JUDGED_ON_GROUP:
                     classes[id(out)] = JUDGED_CLASS[reward_name](x)
                 if reward_name in JUDGED_ON_GROUP:
                     judged[id(out)] = x.parsed_outputs.get(x.parents[0]) if x.parents else None
